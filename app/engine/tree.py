@@ -1,0 +1,196 @@
+"""Draft-tree policies as pure functions: draft scores in, tree out. No model code here.
+
+A tree hangs from the *root*, the last committed token (not a node itself; index -1).
+Node i has a token, a parent, a depth (1 = child of the root), its draft probability q given
+the parent, and its *confidence*: the product of q along the path from the root — EAGLE-2's
+estimate of the chance the whole path is accepted (2406.16858 shows it is well calibrated).
+
+The tree grows level by level (``grow_tree``). At each level the caller's ``propose``
+function runs the draft model on the frontier and returns each frontier node's best
+children (probabilities and token ids, best first). The policy decides
+
+    child_ranks(node)      which of those children enter the tree,
+    select_frontier(new)   which new nodes are expanded at the next level, and
+    finalize(tree)         which nodes survive to verification (size cap, confidence cut).
+
+Policies:
+    dynamic    EAGLE-2: every expanded node proposes its top_k children; the top_k new nodes
+               by confidence are expanded next; at the end all candidates are reranked and the
+               best total_tokens kept (connected: a child never outscores its parent).
+    static     EAGLE-1: a fixed shape of child ranks, the same every step.
+    chain      one child per level: classic speculative decoding with this head as drafter.
+    threshold  confidence > tau_high: 2 children; > tau_low: 1 child; else none.
+All policies then drop nodes below min_confidence and keep at most total_tokens nodes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from app.engine.config import TreeConfig
+
+ROOT = -1
+
+
+@dataclass
+class DraftTree:
+    """A draft tree in parent-first order (a parent's index is smaller than its children's)."""
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    depths: list[int] = field(default_factory=list)
+    q: list[float] = field(default_factory=list)
+    confidence: list[float] = field(default_factory=list)
+    ranks: list[int] = field(default_factory=list)   # rank of the node among its parent's proposals
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def add(self, parent: int, token: int, q: float, rank: int) -> int:
+        parent_conf = 1.0 if parent == ROOT else self.confidence[parent]
+        parent_depth = 0 if parent == ROOT else self.depths[parent]
+        self.tokens.append(int(token))
+        self.parents.append(int(parent))
+        self.depths.append(parent_depth + 1)
+        self.q.append(float(q))
+        self.confidence.append(parent_conf * float(q))
+        self.ranks.append(int(rank))
+        return len(self.tokens) - 1
+
+    def path(self, node: int) -> tuple[int, ...]:
+        """Child ranks from the root down to ``node`` (the static policy's address)."""
+        out = []
+        while node != ROOT:
+            out.append(self.ranks[node])
+            node = self.parents[node]
+        return tuple(reversed(out))
+
+    def ancestors(self, node: int) -> list[int]:
+        """Ancestors of ``node`` from the root's child down to its parent."""
+        out = []
+        node = self.parents[node]
+        while node != ROOT:
+            out.append(node)
+            node = self.parents[node]
+        return out[::-1]
+
+    def children(self) -> list[list[int]]:
+        """children()[i + 1] lists node i's children in order; children()[0] the root's."""
+        kids: list[list[int]] = [[] for _ in range(len(self) + 1)]
+        for i, p in enumerate(self.parents):
+            kids[p + 1].append(i)
+        return kids
+
+    def subtree(self, keep: Sequence[int]) -> "DraftTree":
+        """The tree restricted to ``keep`` (which must contain every kept node's parent)."""
+        keep = sorted(keep)
+        new_index = {old: new for new, old in enumerate(keep)}
+        out = DraftTree()
+        for old in keep:
+            p = self.parents[old]
+            if p != ROOT and p not in new_index:
+                raise ValueError(f"node {old} kept without its parent {p}")
+            out.tokens.append(self.tokens[old])
+            out.parents.append(ROOT if p == ROOT else new_index[p])
+            out.depths.append(self.depths[old])
+            out.q.append(self.q[old])
+            out.confidence.append(self.confidence[old])
+            out.ranks.append(self.ranks[old])
+        return out
+
+
+# --- the policy -------------------------------------------------------------------------------
+
+def proposals_needed(cfg: TreeConfig) -> int:
+    """How many best children ``propose`` must return per frontier node."""
+    if cfg.method == "dynamic":
+        return cfg.top_k
+    if cfg.method == "static":
+        return 1 + max(r for path in cfg.static_shape for r in path)
+    if cfg.method == "threshold":
+        return 2
+    return 1  # chain
+
+
+def child_ranks(cfg: TreeConfig, tree: DraftTree, node: int) -> list[int]:
+    """Ranks (0 = best) of the proposed children of ``node`` that enter the tree."""
+    if cfg.method == "dynamic":
+        return list(range(cfg.top_k))
+    if cfg.method == "static":
+        base = () if node == ROOT else tree.path(node)
+        return sorted({p[-1] for p in cfg.static_shape if len(p) == len(base) + 1 and p[:-1] == base})
+    if cfg.method == "threshold":
+        conf = 1.0 if node == ROOT else tree.confidence[node]
+        return [0, 1] if conf > cfg.tau_high else [0] if conf > cfg.tau_low else []
+    return [0]  # chain
+
+
+def select_frontier(cfg: TreeConfig, tree: DraftTree, new_nodes: list[int]) -> list[int]:
+    """Which of the nodes added at this level are expanded at the next one."""
+    alive = [n for n in new_nodes if tree.confidence[n] >= cfg.min_confidence]
+    if cfg.method == "dynamic":
+        # EAGLE-2: the top_k most confident new nodes; ties go to the earlier node.
+        alive.sort(key=lambda n: (-tree.confidence[n], n))
+        return sorted(alive[: cfg.top_k])
+    if cfg.method == "static":
+        return [n for n in alive if child_ranks(cfg, tree, n)]
+    if cfg.method == "threshold":
+        return [n for n in alive if tree.confidence[n] > cfg.tau_low]
+    return alive  # chain: the single new node
+
+
+def finalize(cfg: TreeConfig, tree: DraftTree) -> DraftTree:
+    """Drop nodes below min_confidence, keep the best total_tokens, parents first.
+
+    Sorting by (-confidence, index) keeps the tree connected: a child's confidence is its
+    parent's times q <= 1, so never larger, and on a tie the parent's smaller index wins.
+    """
+    candidates = [n for n in range(len(tree)) if tree.confidence[n] >= cfg.min_confidence]
+    candidates.sort(key=lambda n: (-tree.confidence[n], n))
+    return tree.subtree(candidates[: cfg.total_tokens])
+
+
+# probs[b][r], ids[b][r]: the r-th best proposed child of frontier node b.
+ProposeFn = Callable[[DraftTree, list[int], int], tuple[list[list[float]], list[list[int]]]]
+
+
+def grow_tree(cfg: TreeConfig, propose: ProposeFn) -> DraftTree:
+    """Grow a draft tree for one step.
+
+    ``propose(tree, frontier, depth)`` is called once per level with the tree so far and the
+    frontier's node indices (``[ROOT]`` at depth 1) and must return, for each frontier node,
+    its ``proposals_needed(cfg)`` best children. It is the only place a model runs;
+    everything else here is bookkeeping.
+    """
+    tree = DraftTree()
+    frontier = [ROOT]
+    for depth in range(1, cfg.depth + 1):
+        probs, ids = propose(tree, frontier, depth)
+        new_nodes = []
+        for b, node in enumerate(frontier):
+            for r in child_ranks(cfg, tree, node):
+                if r < len(ids[b]):
+                    new_nodes.append(tree.add(node, ids[b][r], probs[b][r], r))
+        if depth == cfg.depth:
+            break
+        frontier = select_frontier(cfg, tree, new_nodes)
+        if not frontier:
+            break
+    return finalize(cfg, tree)
+
+
+# --- tree attention -------------------------------------------------------------------------
+
+def tree_attention_mask(parents: Sequence[int], device=None) -> torch.Tensor:
+    """(N+1, N+1) bool mask over [root, node 0, ..., node N-1]: row i may attend to column j
+    iff j is i itself or one of its ancestors (the root is everyone's ancestor)."""
+    n = len(parents)
+    mask = torch.zeros(n + 1, n + 1, dtype=torch.bool)
+    mask[:, 0] = True
+    mask[0, 0] = True
+    for i, p in enumerate(parents):  # parents first, so row p+1 is complete when row i+1 copies it
+        mask[i + 1] = mask[p + 1]
+        mask[i + 1, i + 1] = True
+    return mask.to(device) if device is not None else mask

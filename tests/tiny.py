@@ -1,0 +1,74 @@
+"""Tiny random models for algorithm tests: a Llama target built from a config, a word-level
+tokenizer built in memory, and an EAGLE head (random, or briefly trained on the target's own
+greedy outputs so that trees actually get accepted)."""
+from __future__ import annotations
+
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from app.engine.draft_head import DraftHead, head_config_for
+from app.engine.loading import Target
+
+VOCAB = 256
+EOS = 2
+
+
+def tiny_tokenizer(vocab: int = VOCAB) -> PreTrainedTokenizerFast:
+    words = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    words.update({f"w{i}": i for i in range(3, vocab)})
+    tok = Tokenizer(models.WordLevel(vocab=words, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+
+
+def tiny_target(seed: int = 0, vocab: int = VOCAB, hidden: int = 64, layers: int = 2,
+                eos: int | None = EOS, peaky: float = 4.0) -> Target:
+    """A random Llama. ``peaky`` scales the LM head so the distributions are far from
+    uniform (a random model otherwise has near-ties everywhere, which tests nothing)."""
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=512, bos_token_id=1, eos_token_id=eos,
+                      pad_token_id=0, tie_word_embeddings=False)
+    cfg._attn_implementation = "sdpa"
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(peaky)
+    model.generation_config.eos_token_id = eos
+    model.generation_config.pad_token_id = 0
+    model.requires_grad_(False)
+    return Target(model=model, tokenizer=tiny_tokenizer(vocab), name=f"tiny-{seed}",
+                  device=torch.device("cpu"), dtype=torch.float32)
+
+
+def random_head(target: Target, seed: int = 0) -> DraftHead:
+    torch.manual_seed(seed + 1000)
+    return DraftHead(head_config_for(target.model.config)).eval()
+
+
+def trained_head(target: Target, seed: int = 0, steps: int = 150, seqs: int = 16, length: int = 48) -> DraftHead:
+    """A head fitted for a few seconds to the target's greedy continuations (EAGLE's loss:
+    feature regression + cross-entropy through the frozen LM head)."""
+    g = torch.Generator().manual_seed(seed)
+    model = target.model
+    prompts = torch.randint(3, model.config.vocab_size, (seqs, 4), generator=g)
+    with torch.no_grad():
+        out = model.generate(prompts, max_new_tokens=length, do_sample=False, min_new_tokens=length)
+        feats = model.model(out).last_hidden_state           # (S, T, H)
+    head = random_head(target, seed).train()
+    opt = torch.optim.AdamW(head.parameters(), lr=3e-3)
+    tokens = out[:, 1:]                                      # x[j+1]
+    inp_feats = feats[:, :-1]                                # f[j]
+    targets_f = feats[:, 1:]                                 # f[j+1]
+    pos = torch.arange(tokens.shape[1])[None].expand(tokens.shape[0], -1)
+    for _ in range(steps):
+        pred = head(model.get_input_embeddings()(tokens), inp_feats, pos, None)
+        logits = model.lm_head(pred[:, :-1])
+        loss = torch.nn.functional.smooth_l1_loss(pred, targets_f) + \
+            torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), out[:, 2:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return head.eval()
