@@ -1,0 +1,10 @@
+"""The Gradio teaching app.
+
+    settings.py   what the *server* decides (models, caps, queue) — read from the environment,
+                  never from the page
+    requests.py   turn raw widget / API values into validated engine settings
+    session.py    one visitor's state (their runs, their cached vanilla race, step mode)
+    traces.py     save a run as JSON; load and *validate* a trace from anyone
+    handlers.py   plain Python generators: settings in, dicts of named view updates out
+    blocks.py     the Gradio page: components, wiring, queue
+"""

@@ -1,0 +1,345 @@
+"""What happens when a visitor clicks: plain Python generators, no Gradio.
+
+Each handler takes the app context (engine + server config), the visitor's ``Session`` and
+raw widget values, and yields *views*: dicts from a view name ("stream", "tree", "speedup",
+...) to a plain value (HTML string, plotly figure, Markdown, ``(maximum, value)`` for the
+slider, a file path). ``blocks.py`` maps names to components; tests call handlers directly.
+Bad input raises ``ValueError`` with a message for the page.
+
+Speed: the engine runs in this same thread, so every page update is time the engine waits.
+Updates are therefore coalesced — at most one every ``update_interval_s`` — and only the
+latest step's tree is drawn. The race's clock is the engine's own per-step time, so drawing
+never changes the measured speedup.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+import uuid
+from dataclasses import replace
+
+import numpy as np
+
+from app.engine.config import TreeConfig
+from app.engine.events import StepEvent
+from app.ui import traces
+from app.ui.requests import INT_KNOBS, TREE_KNOBS, Request, build_request
+from app.ui.session import Session, VanillaRun
+from app.ui.settings import AppContext
+from app.viz.insights import calibration_figure, depth_figure, explorer_figure, tokens_per_step_figure
+from app.viz.phases import phase_account
+from app.viz.race import race_figure, speedup
+from app.viz.stream import stream_html
+from app.viz.tree import tree_figure
+
+TRACE_DIR = os.path.join(tempfile.gettempdir(), "eagle-lens-traces")
+
+
+# --- views: pure functions of the session ----------------------------------------------------
+
+def _rate(steps: list[StepEvent]) -> tuple[int, float, float]:
+    """(tokens, engine seconds, tokens/s) of a list of steps."""
+    n = sum(len(s.new_tokens) for s in steps)
+    t = sum(s.step_ms for s in steps) / 1000.0
+    return n, t, (n / t if t > 0 else 0.0)
+
+
+def live_view(session: Session, status: str) -> dict:
+    """The page while the EAGLE run streams: text, latest tree, running numbers."""
+    steps = session.steps
+    n, _, rate = _rate(steps)
+    tau = n / len(steps) if steps else 0.0
+    last = steps[-1] if steps else None
+    return {"status": status,
+            "stream": stream_html(steps),
+            "tree": tree_figure(last),
+            "speedup": f"**{session.settings.get('method', '')}**: {n} tokens in {len(steps)} target forwards, "
+                       f"τ = {tau:.2f} tokens/forward, {rate:.1f} tokens/s so far",
+            "slider": (max(len(steps) - 1, 0), max(len(steps) - 1, 0)),
+            "phases": phase_account(last, len(steps))}
+
+
+def _identical_note(session: Session) -> str:
+    """The lossless check: with greedy decoding EAGLE must give vanilla's exact tokens."""
+    if session.summary is None or session.race_vanilla is None:
+        return ""
+    if session.settings.get("temperature", 0.0) != 0.0:
+        return ("Sampling (temperature > 0): the outputs are different draws from the *same* "
+                "distribution, so they need not match.")
+    a, b = session.summary.token_ids, session.race_vanilla.summary.token_ids
+    if a == b:
+        return "Greedy output **identical** to vanilla decoding ✓ — speculative decoding is lossless."
+    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    dtype = session.model.get("dtype", "")
+    why = ("This should not happen in float32 — please report it with the trace."
+           if dtype == "float32" else
+           f"In {dtype or 'reduced precision'} a forward over 1 token and over a whole tree round "
+           "differently, so after a near-tie the two greedy paths can part; in float32 they match exactly.")
+    return f"Greedy outputs **differ from token {first}** on. {why}"
+
+
+def speedup_text(session: Session) -> str:
+    if session.summary is None:
+        return ""
+    s = session.summary
+    head = (f"**{s.method}**: {s.new_tokens} tokens, {s.target_forwards} target forwards, "
+            f"τ = {s.mean_accepted:.2f} tokens/forward, {s.tokens_per_s:.1f} tokens/s")
+    if s.method == "vanilla":
+        return head + " — vanilla is the baseline (speedup 1.00×)."
+    v = session.race_vanilla
+    if v is None:
+        return head + " — no vanilla run to compare with."
+    ratio = speedup(session.steps, v.steps)
+    ratio_text = f"{ratio:.2f}×" if ratio is not None else "n/a"
+    return (f"### Speedup {ratio_text}\n{head}; vanilla {v.summary.tokens_per_s:.1f} tokens/s "
+            f"({v.summary.new_tokens} tokens).\n\n{_identical_note(session)}")
+
+
+def final_view(session: Session, status: str) -> dict:
+    """Everything about a finished run (live or loaded from a trace)."""
+    steps = session.steps
+    last = len(steps) - 1
+    view = {"status": status, "stream": stream_html(steps), "tree": tree_figure(steps[-1] if steps else None),
+            "speedup": speedup_text(session),
+            "race": race_figure(steps, session.race_vanilla.steps if session.race_vanilla else None,
+                                eagle_label=session.settings.get("method", "EAGLE")),
+            "slider": (max(last, 0), max(last, 0)),
+            "phases": phase_account(steps[-1] if steps else None, len(steps)),
+            "depth": depth_figure(steps), "calibration": calibration_figure(steps),
+            "per_step": tokens_per_step_figure(steps)}
+    return view
+
+
+def replay_view(session: Session, index) -> dict:
+    """The replay slider: the tree of step ``index``, the text up to it, its three phases."""
+    steps = session.steps
+    if not steps:
+        return {"phases": phase_account(None)}
+    if isinstance(index, bool) or not isinstance(index, (int, float)) or not np.isfinite(index):
+        raise ValueError(f"step must be a number, got {index!r}")
+    i = int(min(max(int(index), 0), len(steps) - 1))
+    return {"stream": stream_html(steps, upto=i, highlight=i), "tree": tree_figure(steps[i]),
+            "phases": phase_account(steps[i], len(steps))}
+
+
+# --- running the engine ----------------------------------------------------------------------
+
+def _model_info(ctx: AppContext) -> dict:
+    t = ctx.engine.target
+    return {"target": t.name, "head": "" if ctx.engine.head is None else (ctx.config.draft_model or "shipped head"),
+            "device": t.device.type, "dtype": str(t.dtype).replace("torch.", "")}
+
+
+def parse(ctx: AppContext, raw: dict) -> Request:
+    """Validate raw values; refuse EAGLE methods when the server has no head."""
+    if ctx.engine is None:
+        raise ValueError("This server has no model loaded: load a recorded trace instead.")
+    request = build_request(ctx.config.limits, **raw)
+    if request.tree.uses_draft and not ctx.has_head:
+        raise ValueError(f"Method {request.tree.method} needs a draft head. {ctx.head_missing} "
+                         "Choose method vanilla, or load a recorded trace.")
+    return request
+
+
+def _run_vanilla(ctx: AppContext, session: Session, request: Request):
+    """The other half of the race, run after (never alongside) the EAGLE run. Yields views."""
+    key = request.vanilla_key()
+    if session.vanilla is not None and session.vanilla.key == key:
+        session.race_vanilla, session.vanilla_reused = session.vanilla, True
+        return
+    events = ctx.engine.generate(request.prompt, tree=TreeConfig(method="vanilla"), sampling=request.sampling,
+                                 max_new_tokens=request.max_new_tokens)
+    steps, last = [], 0.0
+    try:
+        for ev in events:
+            if ev.type == "summary":
+                session.vanilla = session.race_vanilla = VanillaRun(key, steps, ev)
+                return
+            steps.append(ev)
+            now = time.perf_counter()
+            if now - last >= ctx.config.update_interval_s:
+                last = now
+                yield {"status": f"racing vanilla decoding: {sum(len(s.new_tokens) for s in steps)} tokens…",
+                       "race": race_figure(session.steps, steps)}
+    finally:
+        events.close()
+
+
+def _finish(ctx: AppContext, session: Session, request: Request):
+    """After the EAGLE run: the race, then the final page and a trace file."""
+    if request.tree.uses_draft:
+        yield {"status": "EAGLE done; racing vanilla decoding…"}
+        yield from _run_vanilla(ctx, session, request)
+    path = write_trace(session)
+    view = final_view(session, _done_status(session))
+    view["trace_file"] = path
+    yield view
+
+
+def _done_status(session: Session) -> str:
+    reused = session.vanilla_reused
+    page = ""
+    if session.app_seconds and session.summary is not None and session.app_seconds > 0:
+        page = f"; through this page {session.summary.new_tokens / session.app_seconds:.1f} tokens/s wall-clock"
+    return f"done ({'vanilla run reused' if reused else 'measured'}{page})."
+
+
+def generate(ctx: AppContext, session: Session, step_mode: bool = False, **raw):
+    """Generate: stream the EAGLE run, then race vanilla. Closing this generator (Stop, a
+    closed tab) closes the engine's iterator, which ends generation after the current step."""
+    request = parse(ctx, raw)
+    events = ctx.engine.generate(request.prompt, tree=request.tree, sampling=request.sampling,
+                                 max_new_tokens=request.max_new_tokens)
+    session.start(request.settings(), _model_info(ctx))
+    yield {**live_view(session, "prefill…"), "race": race_figure([], None), "trace_file": None}
+    if step_mode:
+        session.stepper, session.stepper_request = events, request
+        yield from step(ctx, session)
+        return
+    t0 = time.perf_counter()
+    last = 0.0
+    try:
+        for ev in events:
+            if ev.type == "summary":
+                session.summary = ev
+                break
+            session.steps.append(ev)
+            now = time.perf_counter()
+            if now - last >= ctx.config.update_interval_s:
+                last = now
+                yield live_view(session, f"decoding with {request.tree.method}…")
+    finally:
+        events.close()
+    session.app_seconds = time.perf_counter() - t0
+    yield {**live_view(session, "EAGLE done" if request.tree.uses_draft else "done"),
+           "speedup": speedup_text(session)}
+    yield from _finish(ctx, session, request)
+
+
+def step(ctx: AppContext, session: Session):
+    """Step mode: advance the paused generation by exactly one target forward. Between clicks
+    nothing holds the worker: the paused generation is just an iterator in the session."""
+    if session.stepper is None:
+        raise ValueError("Nothing to step: tick 'step mode' and press Generate first.")
+    request = session.stepper_request
+    ev = next(session.stepper, None)
+    if ev is not None and ev.type == "step":
+        session.steps.append(ev)
+        yield live_view(session, f"step mode: step {ev.step} done — press Step for the next one")
+        return
+    session.summary = ev
+    session.stepper.close()
+    session.stepper, session.stepper_request = None, None
+    yield from _finish(ctx, session, request)
+
+
+def stop(session: Session) -> dict:
+    """Stop: end a paused step-mode run (a streaming run is cancelled by Gradio, which closes
+    ``generate``) and show what was produced so far."""
+    session.close()
+    steps = session.steps
+    view = {"status": f"stopped after {len(steps)} step{'s' if len(steps) != 1 else ''}."}
+    if steps:
+        view.update(slider=(len(steps) - 1, len(steps) - 1), depth=depth_figure(steps),
+                    calibration=calibration_figure(steps), per_step=tokens_per_step_figure(steps))
+    return view
+
+
+# --- traces --------------------------------------------------------------------------------
+
+def write_trace(session: Session) -> str | None:
+    """Write the run on screen as JSON for the download button; replaces the visitor's last file."""
+    if session.summary is None:
+        return None
+    os.makedirs(TRACE_DIR, exist_ok=True)
+    if session.trace_path and os.path.isfile(session.trace_path):
+        os.remove(session.trace_path)
+    v = session.race_vanilla
+    data = traces.trace_dict(session.settings, session.model, session.steps, session.summary,
+                             v.steps if v else None, v.summary if v else None)
+    path = os.path.join(TRACE_DIR, f"eagle-lens-trace-{uuid.uuid4().hex[:12]}.json")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(traces.dumps(data))
+    session.trace_path = path
+    return path
+
+
+def show_trace(session: Session, trace: traces.Trace, name: str) -> dict:
+    """Put a validated trace on screen, exactly as if it had just run."""
+    session.start(trace.settings, trace.model, source=f"trace: {name}")
+    session.steps, session.summary = list(trace.steps), trace.summary
+    if trace.vanilla_steps is not None:
+        session.race_vanilla = VanillaRun(("trace", name), list(trace.vanilla_steps), trace.vanilla_summary)
+    where = ", ".join(f"{k} {v}" for k, v in trace.model.items() if v)
+    return final_view(session, f"replaying {name} ({where}) — no model involved.")
+
+
+def load_trace_file(ctx: AppContext, session: Session, path) -> dict:
+    """An uploaded trace: Gradio saved it to a temporary file; check its size before reading."""
+    if not path:
+        raise ValueError("Choose a trace file (.json) to load.")
+    size = os.path.getsize(path)
+    if size > ctx.config.trace_max_bytes:
+        raise ValueError(f"trace is {size} bytes; the limit is {ctx.config.trace_max_bytes} bytes")
+    with open(path, "rb") as f:
+        trace = traces.parse_trace(f.read(), ctx.config.trace_max_bytes)
+    return show_trace(session, trace, "uploaded trace")
+
+
+def load_demo(ctx: AppContext, session: Session, demos: dict, name) -> dict:
+    """A shipped trace, chosen by name from the server's own list (never a path from the page)."""
+    if not isinstance(name, str) or name not in demos:
+        raise ValueError(f"unknown demo trace {name!r}")
+    with open(demos[name], "rb") as f:
+        trace = traces.parse_trace(f.read(), ctx.config.trace_max_bytes)
+    return show_trace(session, trace, name)
+
+
+# --- threshold explorer ----------------------------------------------------------------------
+
+def sweep_values(knob: str, start, stop, count, max_values: int) -> list:
+    """The values to try: ``count`` evenly spaced in [start, stop], integers for integer knobs."""
+    if knob not in TREE_KNOBS:
+        raise ValueError(f"knob must be one of {', '.join(TREE_KNOBS)}, got {knob!r}")
+    from app.ui.requests import as_float, as_int
+
+    start, stop = as_float("start", start), as_float("stop", stop)
+    count = as_int("count", count)
+    if not 2 <= count <= max_values:
+        raise ValueError(f"count must be an integer in [2, {max_values}], got {count}")
+    values = np.linspace(start, stop, count)
+    if knob in INT_KNOBS:
+        return sorted({int(round(v)) for v in values})
+    return [round(float(v), 4) for v in values]
+
+
+def explore(ctx: AppContext, session: Session, knob, start, stop, count, **raw):
+    """Run the prompt once per value of one knob; plot τ and tokens/s against it."""
+    request = parse(ctx, raw)
+    if not request.tree.uses_draft:
+        raise ValueError("The threshold explorer varies tree knobs: choose an EAGLE method, not vanilla.")
+    values = sweep_values(knob, start, stop, count, ctx.config.explore_max_values)
+    n = min(request.max_new_tokens, ctx.config.explore_max_new_tokens)
+    results, skipped = [], []
+    for i, value in enumerate(values):
+        try:
+            tree = replace(request.tree, **{knob: value})
+        except ValueError as exc:
+            skipped.append(f"{knob}={value}: {exc}")
+            continue
+        yield {"explorer_status": f"running {knob} = {value} ({i + 1}/{len(values)}, {n} tokens each)…"}
+        events = ctx.engine.generate(request.prompt, tree=tree, sampling=request.sampling, max_new_tokens=n)
+        try:
+            summary = [ev for ev in events if ev.type == "summary"][0]
+        finally:
+            events.close()
+        results.append({"value": value, "mean_accepted": summary.mean_accepted, "tokens_per_s": summary.tokens_per_s})
+        yield {"explorer_plot": explorer_figure(knob, results)}
+    best = max(results, key=lambda r: r["tokens_per_s"]) if results else None
+    note = (f"best: {knob} = {best['value']} at {best['tokens_per_s']:.1f} tokens/s "
+            f"(τ = {best['mean_accepted']:.2f})." if best else "no valid value to run.")
+    if skipped:
+        note += " Skipped: " + "; ".join(skipped)
+    yield {"explorer_plot": explorer_figure(knob, results), "explorer_status": note}
+

@@ -1,0 +1,46 @@
+"""Record the shipped demo traces: `python -m app.ui.record [--out traces] [--max-new-tokens 64]`.
+
+Runs each example prompt (one per category) through the same handler the page uses, with the
+server's real engine (the embedded model and the shipped head unless the EAGLE_LENS_* variables
+say otherwise), race included, and writes one trace per category. The traces say which model,
+device and dtype produced them; a visitor replays them with no model at all.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+
+from app.ui import handlers
+from app.ui.explain import EXAMPLES
+from app.ui.session import Session
+from app.ui.settings import load_context
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--out", default="traces")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--method", default="dynamic")
+    args = p.parse_args(argv)
+    ctx = load_context()
+    if not ctx.has_head:
+        print(f"error: {ctx.head_missing}", file=sys.stderr)
+        return 2
+    os.makedirs(args.out, exist_ok=True)
+    for i, (category, prompt) in enumerate(EXAMPLES, 1):
+        session = Session()
+        for view in handlers.generate(ctx, session, prompt=prompt, method=args.method,
+                                      max_new_tokens=args.max_new_tokens, temperature=0.0):
+            pass
+        dest = os.path.join(args.out, f"{i}-{category}.json")
+        shutil.copyfile(view["trace_file"], dest)
+        s, v = session.summary, session.race_vanilla.summary
+        print(f"{dest}: {s.new_tokens} tokens, tau {s.mean_accepted:.2f}, {s.tokens_per_s:.1f} tokens/s "
+              f"vs vanilla {v.tokens_per_s:.1f} tokens/s; {view['speedup'].splitlines()[-1]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

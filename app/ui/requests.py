@@ -1,0 +1,78 @@
+"""Turn raw values from the page or the API into validated engine settings.
+
+Anyone can call the API with any JSON, bypassing the sliders, so nothing is trusted: every
+value is type-checked here, then range-checked by the engine's own config classes (which
+raise ``ValueError`` naming the parameter and its range). Handlers turn those ValueErrors into
+``gr.Error`` messages.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from app.engine.config import SamplingConfig, TreeConfig, check_max_new_tokens, check_prompt
+
+# The knobs of one request, in the order the API takes them after the first four.
+TREE_KNOBS = ("depth", "top_k", "total_tokens", "tau_high", "tau_low", "min_confidence")
+INT_KNOBS = {"depth", "top_k", "total_tokens", "max_new_tokens", "seed"}
+UI_METHODS = ("dynamic", "static", "chain", "threshold", "vanilla")
+
+DEFAULTS = dict(method="dynamic", max_new_tokens=96, temperature=0.0, top_p=1.0, seed=0,
+                **{k: getattr(TreeConfig(), k) for k in TREE_KNOBS})
+
+
+def as_int(name: str, value) -> int:
+    """An integer from an int, or a float with no fractional part (sliders send floats)."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    raise ValueError(f"{name} must be an integer, got {value!r}")
+
+
+def as_float(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One validated generation request."""
+
+    prompt: str
+    tree: TreeConfig
+    sampling: SamplingConfig
+    max_new_tokens: int
+
+    def settings(self) -> dict:
+        """The flat settings dict stored in traces and shown on the page."""
+        tree = {k: getattr(self.tree, k) for k in TREE_KNOBS}
+        return dict(prompt=self.prompt, method=self.tree.method, max_new_tokens=self.max_new_tokens,
+                    temperature=self.sampling.temperature, top_p=self.sampling.top_p,
+                    seed=self.sampling.seed, **tree)
+
+    def vanilla_key(self) -> tuple:
+        """What a vanilla run depends on: not the tree knobs, so changing only those reuses it."""
+        return (self.prompt, self.max_new_tokens, tuple(sorted(asdict(self.sampling).items())))
+
+
+def build_request(limits, *, prompt, method, max_new_tokens, temperature, top_p=1.0, seed=0,
+                  depth=5, top_k=8, total_tokens=24, tau_high=0.5, tau_low=0.05,
+                  min_confidence=0.0) -> Request:
+    """Validate everything; raise ValueError with a message fit for the page."""
+    check_prompt(prompt, limits.max_prompt_chars)
+    if not isinstance(method, str) or method not in UI_METHODS:
+        raise ValueError(f"method must be one of {', '.join(UI_METHODS)}, got {method!r}")
+    n = check_max_new_tokens(as_int("max_new_tokens", max_new_tokens), limits.max_new_tokens)
+    tree = TreeConfig(method=method, depth=as_int("depth", depth), top_k=as_int("top_k", top_k),
+                      total_tokens=as_int("total_tokens", total_tokens),
+                      tau_high=as_float("tau_high", tau_high), tau_low=as_float("tau_low", tau_low),
+                      min_confidence=as_float("min_confidence", min_confidence))
+    sampling = SamplingConfig(temperature=as_float("temperature", temperature),
+                              top_p=as_float("top_p", top_p), seed=as_int("seed", seed))
+    if sampling.temperature > 2.0:
+        raise ValueError(f"temperature must be a number in [0, 2] here, got {sampling.temperature}")
+    return Request(prompt=prompt, tree=tree, sampling=sampling, max_new_tokens=n)

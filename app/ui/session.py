@@ -1,0 +1,53 @@
+"""One visitor's state. It lives in a ``gr.State`` (per browser session), never in a module
+global, so visitors cannot see each other's runs. Gradio drops it when the tab closes or after
+``ServerConfig.session_ttl_s`` idle seconds; ``close`` then ends a paused step-mode run."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from app.engine.events import RunSummary, StepEvent
+
+
+@dataclass
+class VanillaRun:
+    """The vanilla side of the race, kept so that changing only tree knobs reuses it."""
+
+    key: tuple
+    steps: list[StepEvent]
+    summary: RunSummary
+
+
+@dataclass
+class Session:
+    settings: dict = field(default_factory=dict)     # the settings of the run on screen
+    model: dict = field(default_factory=dict)        # target / head / device / dtype of that run
+    steps: list[StepEvent] = field(default_factory=list)
+    summary: RunSummary | None = None
+    vanilla: VanillaRun | None = None                 # at most one cached vanilla run: bounded memory
+    race_vanilla: VanillaRun | None = None            # the vanilla run shown next to this run
+    vanilla_reused: bool = False                      # race_vanilla came from the cache
+    source: str = ""                                  # "live" or "trace: NAME"
+    stepper: Iterator | None = None                   # step mode: the paused generation
+    stepper_request: object | None = None             # its validated Request, for the race at the end
+    trace_path: str | None = None                     # the last trace written for download
+    app_seconds: float | None = None                  # wall time of the EAGLE phase through the handler
+
+    def start(self, settings: dict, model: dict, source: str = "live") -> None:
+        """Forget the run on screen (not the cached vanilla run) and start a new one."""
+        self.close()
+        self.settings, self.model, self.source = dict(settings), dict(model), source
+        self.steps, self.summary, self.race_vanilla, self.app_seconds = [], None, None, None
+        self.vanilla_reused = False
+
+    def close(self) -> None:
+        """End a paused step-mode generation (frees its KV cache)."""
+        if self.stepper is not None:
+            self.stepper.close()
+        self.stepper, self.stepper_request = None, None
+
+
+def close_session(session) -> None:
+    """``gr.State`` delete callback: the tab closed or the state expired."""
+    if isinstance(session, Session):
+        session.close()

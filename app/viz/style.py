@@ -1,0 +1,46 @@
+"""The colours and symbols of the whole app, in one place, so the legend can never drift from
+what the figures and the token stream actually draw."""
+from __future__ import annotations
+
+DRAFT = "#15803d"        # an accepted draft token (the head guessed it, the target agreed)
+DRAFT_BG = "#dcfce7"
+BONUS = "#1d4ed8"        # the target's own bonus token, produced by the verify forward
+BONUS_BG = "#dbeafe"
+REJECTED = "#dc2626"     # a node the target looked at and refused
+UNREACHED_OPACITY = 0.28  # a node below a rejected one: never checked
+ROOT = "#6b7280"         # the last committed token, where the tree hangs
+EDGE = "#9ca3af"
+VANILLA = "#6b7280"      # the vanilla curve in the speed race
+EAGLE = DRAFT            # the EAGLE curve in the speed race
+
+CONFIDENCE_SCALE = "Viridis"  # draft confidence, always on the fixed 0..1 range
+
+# Small figures: no template download, no modebar clutter, fixed margins.
+BASE_LAYOUT = dict(
+    template="none",
+    margin=dict(l=40, r=20, t=36, b=36),
+    paper_bgcolor="white",
+    plot_bgcolor="white",
+    font=dict(size=12),
+)
+
+LEGEND_ROWS = (
+    ("accepted draft token", f"background:{DRAFT_BG};border-bottom:2px solid {DRAFT}",
+     "the draft head proposed it and the target's verify forward agreed"),
+    ("bonus token", f"background:{BONUS_BG};border-bottom:2px solid {BONUS}",
+     "the target's own next token, free with every verify forward"),
+    ("rejected node", f"border:2px solid {REJECTED};border-radius:50%",
+     "the target checked this draft token and chose another one"),
+    ("unreached node", f"opacity:{UNREACHED_OPACITY};background:#888;border-radius:50%",
+     "an ancestor was rejected, so the target never got to it"),
+    ("node colour", "background:linear-gradient(90deg,#440154,#21918c,#fde725)",
+     "draft confidence: product of q along the path, 0 (dark) to 1 (yellow)"),
+)
+
+
+def legend_html() -> str:
+    """A small HTML legend for every colour used by the stream and the tree."""
+    rows = "".join(
+        f'<li><span class="swatch" style="{style}"></span><b>{name}</b> — {meaning}</li>'
+        for name, style, meaning in LEGEND_ROWS)
+    return f'<ul class="legend">{rows}</ul>'

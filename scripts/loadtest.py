@@ -1,0 +1,340 @@
+"""Load, fuzz, stop and speed checks against a running EAGLE Lens server — loopback only.
+
+    python scripts/loadtest.py load  --visitors 8 --minutes 3   # concurrent valid visitors + memory
+    python scripts/loadtest.py fuzz  --examples 200             # invalid inputs (hypothesis)
+    python scripts/loadtest.py stop                             # how fast Stop frees the worker
+    python scripts/loadtest.py speed                            # app tokens/s vs the engine's own
+
+By default the script starts the server itself (``python app.py`` in a subprocess on a free
+loopback port, with the server's usual environment variables) and measures that process's
+resident memory; ``--url`` points it at one already running (``--pid`` for its memory).
+Everything is bounded in count and time and stops by itself. Only 127.0.0.1 / localhost URLs
+are accepted: this is a tool for your own machine, not for someone else's Space.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from urllib.parse import urlparse
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+METHODS = ("dynamic", "static", "chain", "threshold", "vanilla")
+PROMPTS = ("What is a prime number?", "Write a haiku about autumn.", "Explain recursion to a child.",
+           "List three uses of a paperclip.", "What is 12 times 7?")
+
+
+# --- valid visitors ----------------------------------------------------------------------------
+
+def random_valid_settings(rng: np.random.Generator, max_new_tokens: int = 24, prompts=PROMPTS,
+                          methods=METHODS) -> dict:
+    """A random but valid request, as a visitor moving the sliders would send."""
+    tau_low = float(np.round(rng.uniform(0, 0.5), 2))
+    return dict(prompt=str(rng.choice(prompts)), method=str(rng.choice(methods)),
+                max_new_tokens=int(rng.integers(4, max_new_tokens + 1)),
+                temperature=float(rng.choice([0.0, 0.0, 0.7, 1.0])), top_p=float(rng.choice([1.0, 0.9])),
+                seed=int(rng.integers(0, 1000)), depth=int(rng.integers(1, 7)), top_k=int(rng.integers(1, 9)),
+                total_tokens=int(rng.integers(4, 33)), tau_high=float(np.round(rng.uniform(tau_low, 1), 2)),
+                tau_low=tau_low, min_confidence=float(rng.choice([0.0, 0.0, 0.01])))
+
+
+def check_loopback(url: str) -> str:
+    host = urlparse(url).hostname
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        raise SystemExit(f"refusing {url}: this script only talks to a server on this machine")
+    return url
+
+
+def run_visitors(url: str, visitors: int, seconds: float, max_requests: int = 10_000, seed: int = 0,
+                 max_new_tokens: int = 24, prompts=PROMPTS, methods=METHODS, on_tick=None) -> dict:
+    """``visitors`` threads, each its own gradio_client session, sending random valid requests
+    until ``seconds`` pass or ``max_requests`` are sent in total. Returns counts and latencies."""
+    from gradio_client import Client
+
+    check_loopback(url)
+    deadline = time.monotonic() + seconds
+    lock = threading.Lock()
+    stats = {"ok": 0, "failed": 0, "errors": [], "latency": [], "sent": 0}
+
+    def visitor(i: int):
+        rng = np.random.default_rng(seed + i)
+        client = Client(url, verbose=False, download_files=False)
+        while time.monotonic() < deadline:
+            with lock:
+                if stats["sent"] >= max_requests:
+                    return
+                stats["sent"] += 1
+            settings = random_valid_settings(rng, max_new_tokens, prompts, methods)
+            t0 = time.perf_counter()
+            try:
+                out = client.predict(**settings, api_name="/generate")
+                ok = isinstance(out, (list, tuple)) and str(out[0]).startswith("done")
+                err = None if ok else f"unfinished: {str(out[0])[:80]}"
+            except Exception as exc:  # noqa: BLE001 — every failure is counted and reported
+                ok, err = False, f"{type(exc).__name__}: {exc}"[:200]
+            with lock:
+                stats["latency"].append(time.perf_counter() - t0)
+                stats["ok" if ok else "failed"] += 1
+                if err:
+                    stats["errors"].append(err)
+            if on_tick:
+                on_tick()
+
+    threads = [threading.Thread(target=visitor, args=(i,), daemon=True) for i in range(visitors)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=seconds + 600)
+    stats["hung"] = sum(t.is_alive() for t in threads)
+    return stats
+
+
+# --- invalid inputs ------------------------------------------------------------------------------
+
+def invalid_requests():
+    """A hypothesis strategy of requests with at least one invalid value."""
+    from hypothesis import strategies as st
+
+    bad_number = st.one_of(st.none(), st.text(max_size=5), st.booleans(), st.just(math.nan), st.just(math.inf),
+                           st.floats(min_value=-1e9, max_value=-0.001), st.integers(min_value=10**6, max_value=10**12),
+                           st.lists(st.integers(), max_size=2))
+    bad = {
+        "prompt": st.one_of(st.just(""), st.just("   "), st.none(), st.integers(), st.text(min_size=5001, max_size=6000)),
+        "method": st.one_of(st.none(), st.integers(), st.sampled_from(["", "DYNAMIC", "eagle", "../x", "__import__"])),
+        "max_new_tokens": st.one_of(bad_number, st.just(0), st.floats(min_value=1.1, max_value=1.9)),
+        "temperature": st.one_of(bad_number, st.floats(min_value=2.01, max_value=1e6)),
+        "top_p": st.one_of(bad_number, st.just(0.0), st.floats(min_value=1.001, max_value=10)),
+        "seed": st.one_of(bad_number, st.just(-1), st.floats(min_value=0.1, max_value=0.9)),
+        "depth": st.one_of(bad_number, st.just(0), st.integers(min_value=17, max_value=1000)),
+        "top_k": st.one_of(bad_number, st.just(0), st.integers(min_value=33, max_value=1000)),
+        "total_tokens": st.one_of(bad_number, st.just(0), st.integers(min_value=257, max_value=10**5)),
+        "tau_high": st.one_of(bad_number, st.floats(min_value=1.001, max_value=5)),
+        "tau_low": st.one_of(bad_number, st.floats(min_value=1.001, max_value=5)),
+        "min_confidence": st.one_of(bad_number, st.floats(min_value=1.001, max_value=5)),
+    }
+    valid = dict(prompt="What is 2 + 2?", method="dynamic", max_new_tokens=4, temperature=0.0, top_p=1.0, seed=0,
+                 depth=3, top_k=4, total_tokens=8, tau_high=0.5, tau_low=0.05, min_confidence=0.0)
+    return st.sampled_from(sorted(bad)).flatmap(
+        lambda key: bad[key].map(lambda value: {**valid, key: value}))
+
+
+def fuzz(url: str, examples: int, seed: int = 0, valid_after: dict | None = None) -> dict:
+    """Send ``examples`` invalid requests; each must come back as an error message (AppError),
+    never a result and never a transport failure; then a valid request must still succeed."""
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError
+    from hypothesis import HealthCheck, given, settings
+
+    check_loopback(url)
+    client = Client(url, verbose=False, download_files=False)
+    stats = {"sent": 0, "error_message": 0, "accepted": [], "server_errors": [], "messages": set()}
+
+    @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(invalid_requests())
+    def one(request):
+        stats["sent"] += 1
+        try:
+            client.predict(**request, api_name="/generate")
+            stats["accepted"].append({k: repr(v)[:40] for k, v in request.items()})
+        except AppError as exc:
+            stats["error_message"] += 1
+            stats["messages"].add(str(exc)[:90])
+        except Exception as exc:  # noqa: BLE001
+            stats["server_errors"].append(f"{type(exc).__name__}: {exc}"[:200])
+
+    one()
+    after = valid_after or dict(prompt="What is 2 + 2?", method="vanilla", max_new_tokens=4, temperature=0.0)
+    out = client.predict(**after, api_name="/generate")
+    stats["valid_after_ok"] = str(out[0]).startswith("done")
+    return stats
+
+
+# --- stop latency ------------------------------------------------------------------------------
+
+def stop_latency(url: str, settings: dict, wait_updates: int = 2) -> dict:
+    """Start a long generation, press Stop after a few updates, and time until a new short
+    request (which needs the single engine worker) has finished."""
+    from gradio_client import Client
+
+    check_loopback(url)
+    client = Client(url, verbose=False, download_files=False)
+    job = client.submit(**settings, api_name="/generate")
+    deadline = time.monotonic() + 300
+    while len(job.outputs()) < wait_updates and not job.done() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    t0 = time.perf_counter()
+    client.predict(api_name="/stop")
+    t_stop = time.perf_counter() - t0
+    out = client.predict(prompt=settings["prompt"], method="vanilla", max_new_tokens=1, temperature=0.0,
+                         api_name="/generate")
+    t_free = time.perf_counter() - t0
+    return {"stop_call_s": t_stop, "worker_free_s": t_free, "next_ok": str(out[0]).startswith("done"),
+            "updates_before_stop": len(job.outputs())}
+
+
+# --- speed: app vs engine ------------------------------------------------------------------------
+
+def app_vs_engine(url: str, engine, settings: dict, repeats: int = 3) -> dict:
+    """Wall-clock tokens/s of the EAGLE phase through the page (submit -> the update saying the
+    EAGLE run is done, as a client sees it) against the same engine iterated in a tight loop.
+    Both include the prefill; median of ``repeats``."""
+    from gradio_client import Client
+
+    from app.engine.config import SamplingConfig, TreeConfig
+
+    check_loopback(url)
+    client = Client(url, verbose=False, download_files=False)
+    tree = TreeConfig(method=settings["method"], depth=settings.get("depth", 5), top_k=settings.get("top_k", 8),
+                      total_tokens=settings.get("total_tokens", 24))
+    sampling = SamplingConfig(temperature=settings["temperature"])
+    engine_rates, app_rates = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        summary = list(engine.generate(settings["prompt"], tree=tree, sampling=sampling,
+                                       max_new_tokens=settings["max_new_tokens"]))[-1]
+        engine_rates.append(summary.new_tokens / (time.perf_counter() - t0))
+        job = client.submit(**settings, api_name="/generate")
+        t0 = time.perf_counter()
+        seen, t_done, deadline = 0, None, time.monotonic() + 600
+        while t_done is None and time.monotonic() < deadline:
+            outs = job.outputs()
+            for out in outs[seen:]:
+                if str(out[0]).startswith(("EAGLE done", "done")):
+                    t_done = time.perf_counter()
+                    break
+            seen = len(outs)
+            if job.done() and t_done is None:
+                t_done = time.perf_counter()
+            time.sleep(0.01)
+        job.result()
+        app_rates.append(summary.new_tokens / (t_done - t0))
+    e, a = float(np.median(engine_rates)), float(np.median(app_rates))
+    return {"engine_tokens_per_s": e, "app_tokens_per_s": a, "ratio": a / e}
+
+
+# --- server process ------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def spawned_server(env: dict | None = None, timeout: float = 600):
+    """``python app.py`` on a free loopback port; yields (url, pid); terminated on exit."""
+    import httpx
+
+    port = free_port()
+    full_env = {**os.environ, "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port),
+                "GRADIO_ANALYTICS_ENABLED": "False", **(env or {})}
+    proc = subprocess.Popen([sys.executable, os.path.join(REPO, "app.py")], cwd=REPO, env=full_env)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise SystemExit(f"server exited with {proc.returncode}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "config", timeout=2).status_code == 200:
+                    break
+            time.sleep(1)
+        else:
+            raise SystemExit("server did not start in time")
+        yield url, proc.pid
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def rss_mb(pid: int) -> float:
+    import psutil
+
+    return psutil.Process(pid).memory_info().rss / 2**20
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("mode", choices=("load", "fuzz", "stop", "speed"))
+    p.add_argument("--url", help="a running server on this machine (default: start one)")
+    p.add_argument("--pid", type=int, help="the running server's process id, for its memory")
+    p.add_argument("--visitors", type=int, default=8)
+    p.add_argument("--minutes", type=float, default=3.0)
+    p.add_argument("--warmup-minutes", type=float, default=0.5)
+    p.add_argument("--examples", type=int, default=200)
+    p.add_argument("--max-new-tokens", type=int, default=24)
+    p.add_argument("--method", default="dynamic")
+    p.add_argument("--prompt", default="Write a short poem about the sea.")
+    args = p.parse_args(argv)
+    if args.visitors > 64 or args.minutes > 30 or args.examples > 5000:
+        raise SystemExit("bounded: at most 64 visitors, 30 minutes, 5000 examples")
+
+    with contextlib.ExitStack() as stack:
+        url, pid = (check_loopback(args.url), args.pid) if args.url else stack.enter_context(spawned_server())
+        if args.mode == "load":
+            warm = run_visitors(url, args.visitors, args.warmup_minutes * 60, seed=1000,
+                                max_new_tokens=args.max_new_tokens)
+            before = rss_mb(pid) if pid else None
+            peak = [before or 0.0]
+
+            def tick():
+                if pid:
+                    peak[0] = max(peak[0], rss_mb(pid))
+
+            t0 = time.monotonic()
+            stats = run_visitors(url, args.visitors, args.minutes * 60, max_new_tokens=args.max_new_tokens,
+                                 on_tick=tick)
+            after = rss_mb(pid) if pid else None
+            lat = np.array(stats["latency"]) if stats["latency"] else np.zeros(1)
+            print(f"warm-up: {warm['ok']} ok, {warm['failed']} failed")
+            print(f"{args.visitors} visitors x {(time.monotonic() - t0) / 60:.1f} min: {stats['ok']} ok, "
+                  f"{stats['failed']} failed, {stats['hung']} hung; latency median {np.median(lat):.1f} s, "
+                  f"p95 {np.percentile(lat, 95):.1f} s, max {lat.max():.1f} s")
+            if pid:
+                print(f"server RSS after warm-up {before:.0f} MiB, peak {peak[0]:.0f} MiB, after {after:.0f} MiB "
+                      f"(growth {100 * (after - before) / before:+.1f}%)")
+            for e in stats["errors"][:10]:
+                print("  error:", e)
+            return int(stats["failed"] > 0 or stats["hung"] > 0)
+        if args.mode == "fuzz":
+            stats = fuzz(url, args.examples)
+            print(f"{stats['sent']} invalid requests: {stats['error_message']} answered with an error message, "
+                  f"{len(stats['accepted'])} accepted (should be 0), {len(stats['server_errors'])} other failures; "
+                  f"valid request afterwards ok: {stats['valid_after_ok']}")
+            for m in sorted(stats["messages"])[:15]:
+                print("  message:", m)
+            for e in stats["server_errors"][:10] + [str(a) for a in stats["accepted"][:10]]:
+                print("  problem:", e)
+            return int(bool(stats["accepted"] or stats["server_errors"]) or not stats["valid_after_ok"])
+        if args.mode == "stop":
+            r = stop_latency(url, dict(prompt=args.prompt, method=args.method, max_new_tokens=200, temperature=0.0))
+            print(f"Stop answered in {r['stop_call_s']:.2f} s; worker free again (a 1-token request done) "
+                  f"{r['worker_free_s']:.2f} s after Stop; next request ok: {r['next_ok']}")
+            return int(not r["next_ok"])
+        if args.mode == "speed":
+            from app.ui.settings import load_context
+
+            engine = load_context().engine
+            settings = dict(prompt=args.prompt, method=args.method, max_new_tokens=args.max_new_tokens,
+                            temperature=0.0)
+            r = app_vs_engine(url, engine, settings)
+            print(f"{args.method}, {args.max_new_tokens} tokens: engine {r['engine_tokens_per_s']:.1f} tokens/s, "
+                  f"through the app {r['app_tokens_per_s']:.1f} tokens/s = {100 * r['ratio']:.0f}% (target >= 90%)")
+            return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""A real browser (Debian chromium through Playwright) on the page: type, Generate, watch the
+tree and the speedup appear, scrub the replay slider, Stop mid-generation and generate again,
+download the trace and load it back. A screenshot is saved as a test artefact (not committed)."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from app.engine.engine import Engine
+from app.ui.blocks import build_demo, launch_kwargs
+from app.ui.settings import AppContext, ServerConfig
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = "/usr/bin/chromium"
+ARTEFACTS = Path(os.environ.get("EAGLE_LENS_ARTEFACTS", Path(__file__).resolve().parents[1] / "out"))
+
+
+@pytest.fixture(scope="module")
+def url(tiny):
+    target, head = tiny
+    config = ServerConfig(max_new_tokens=200)
+    demo = build_demo(AppContext(Engine(target, head), config, "tiny test model"), demos={})
+    _, local_url, _ = demo.launch(server_name="127.0.0.1", prevent_thread_lock=True, quiet=True,
+                                  **launch_kwargs(config))
+    yield local_url
+    demo.close()
+
+
+def _tree_nodes(page) -> int:
+    """Draft-tree markers drawn by plotly inside the tree plot."""
+    return page.locator("#tree-plot .scatterlayer .point").count()
+
+
+@pytest.mark.skipif(not shutil.which(CHROMIUM) and not os.path.exists(CHROMIUM), reason="chromium not installed")
+def test_browser_generate_replay_stop_and_traces(url, tmp_path):
+    from playwright.sync_api import expect, sync_playwright
+
+    ARTEFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1800}, accept_downloads=True)
+        page.set_default_timeout(120_000)
+        page.goto(url)
+
+        # Generate: tokens stream, the tree shows nodes, the speedup shows a number.
+        page.locator("#prompt textarea").fill("w5 w17 w33 w90")
+        page.locator("#max-new-tokens input[type=number]").fill("40")
+        page.locator("#max-new-tokens input[type=number]").press("Enter")
+        page.locator("#generate-btn").click()
+        expect(page.locator("#token-stream .tok").first).to_be_visible()
+        expect(page.locator("#speedup")).to_contain_text(re.compile(r"\d\.\d\d×"), timeout=240_000)
+        assert _tree_nodes(page) > 3
+        expect(page.locator("#token-stream .tok.draft").first).to_be_visible()
+        page.screenshot(path=str(ARTEFACTS / "browser-after-generate.png"), full_page=True)
+
+        # Replay: move the slider to step 0 and the phase account and tree follow it.
+        before = page.locator("#phases").inner_text()
+        box = page.locator("#step-slider input[type=number]")
+        box.fill("0")
+        box.press("Enter")
+        expect(page.locator("#phases")).to_contain_text("Step 0")
+        assert page.locator("#phases").inner_text() != before
+        expect(page.locator("#token-stream .step.current")).to_have_count(1)
+
+        # Download the trace, load it back.
+        with page.expect_download() as info:
+            page.locator("#trace-download").click()
+        trace = tmp_path / "trace.json"
+        info.value.save_as(trace)
+        assert trace.stat().st_size > 100
+        page.get_by_role("tab", name="Traces").click()
+        page.locator("#trace-upload input[type=file]").set_input_files(str(trace))
+        expect(page.locator("#status")).to_contain_text("replaying uploaded trace")
+
+        # Stop mid-generation, then generate again.
+        page.locator("#max-new-tokens input[type=number]").fill("200")
+        page.locator("#max-new-tokens input[type=number]").press("Enter")
+        page.locator("#generate-btn").click()
+        expect(page.locator("#status")).to_contain_text("decoding with", timeout=240_000)
+        page.locator("#stop-btn").click()
+        expect(page.locator("#status")).to_contain_text("stopped after")
+        page.locator("#max-new-tokens input[type=number]").fill("12")
+        page.locator("#max-new-tokens input[type=number]").press("Enter")
+        page.locator("#generate-btn").click()
+        expect(page.locator("#status")).to_contain_text("done", timeout=240_000)
+        page.screenshot(path=str(ARTEFACTS / "browser-final.png"), full_page=True)
+        browser.close()

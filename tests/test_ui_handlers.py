@@ -1,0 +1,230 @@
+"""Handlers driven directly (no server): streaming, the race, validation, step mode, Stop,
+traces from strangers, the threshold explorer. Real tiny-model engine, CPU, a few seconds."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from app.engine.engine import Engine
+from app.ui import handlers, traces
+from app.ui.blocks import demo_traces
+from app.ui.session import Session
+from app.ui.settings import AppContext, ServerConfig
+
+PROMPT = "w5 w17 w33 w90"
+BASE = dict(prompt=PROMPT, method="dynamic", max_new_tokens=24, temperature=0.0, depth=4, top_k=4,
+            total_tokens=12)
+
+
+@pytest.fixture(scope="module")
+def ctx(tiny):
+    target, head = tiny
+    return AppContext(Engine(target, head), ServerConfig(max_new_tokens=64, max_prompt_chars=200,
+                                                          update_interval_s=0.0), "tiny")
+
+
+@pytest.fixture(scope="module")
+def finished(ctx):
+    """One complete run: the session and every view it yielded."""
+    session = Session()
+    views = list(handlers.generate(ctx, session, **BASE))
+    return session, views
+
+
+def test_generate_streams_then_races(finished):
+    session, views = finished
+    assert len(views) >= 5
+    assert sum("tree" in v for v in views) >= 3           # the tree updates while decoding
+    final = views[-1]
+    assert "Speedup" in final["speedup"] and "×" in final["speedup"]
+    assert "identical" in final["speedup"]                 # greedy, float32: lossless
+    assert session.summary.token_ids == session.race_vanilla.summary.token_ids
+    assert final["slider"] == (len(session.steps) - 1, len(session.steps) - 1)
+
+
+def test_vanilla_is_reused_when_only_tree_knobs_change(ctx, finished):
+    session, _ = finished
+    cached = session.vanilla
+    views = list(handlers.generate(ctx, session, **{**BASE, "depth": 3, "method": "chain"}))
+    assert "vanilla run reused" in views[-1]["status"] and session.vanilla is cached
+    views = list(handlers.generate(ctx, session, **{**BASE, "max_new_tokens": 20}))
+    assert "measured" in views[-1]["status"] and session.vanilla is not cached
+
+
+def test_trace_roundtrip(ctx, finished):
+    session, _ = finished
+    path = session.trace_path          # the latest run's file (a new run replaces the old one)
+    other = Session()
+    view = handlers.load_trace_file(ctx, other, path)
+    assert [s.to_dict() for s in other.steps] == [s.to_dict() for s in session.steps]
+    assert "Speedup" in view["speedup"] and "replaying" in view["status"]
+
+
+def test_replay_view_scrubs_and_clamps(finished):
+    session, _ = finished
+    view = handlers.replay_view(session, 1)
+    assert 'class="step current" data-step="1"' in view["stream"] and "Step 1" in view["phases"]
+    assert "Step 0" in handlers.replay_view(session, -5)["phases"]
+    with pytest.raises(ValueError):
+        handlers.replay_view(session, float("nan"))
+
+
+@pytest.mark.parametrize("change, word", [
+    ({"prompt": ""}, "prompt"), ({"prompt": "   "}, "prompt"), ({"prompt": "w5 " * 100}, "prompt"),
+    ({"prompt": None}, "prompt"), ({"method": "evil"}, "method"), ({"method": ["dynamic"]}, "method"),
+    ({"max_new_tokens": 0}, "max_new_tokens"), ({"max_new_tokens": 10**9}, "max_new_tokens"),
+    ({"max_new_tokens": "5"}, "max_new_tokens"), ({"max_new_tokens": 1.5}, "max_new_tokens"),
+    ({"temperature": -1}, "temperature"), ({"temperature": math.nan}, "temperature"),
+    ({"temperature": "hot"}, "temperature"), ({"temperature": 50.0}, "temperature"),
+    ({"depth": 0}, "depth"), ({"depth": 100}, "depth"), ({"top_k": True}, "top_k"),
+    ({"total_tokens": 10**6}, "total_tokens"), ({"tau_low": 0.9, "tau_high": 0.1}, "tau_low"),
+    ({"min_confidence": 2.0}, "min_confidence"), ({"top_p": 0.0}, "top_p"), ({"seed": -1}, "seed"),
+    ({"seed": None}, "seed"),
+])
+def test_invalid_inputs_are_refused_with_a_message(ctx, change, word):
+    session = Session()
+    with pytest.raises(ValueError, match=word):
+        next(handlers.generate(ctx, session, **{**BASE, **change}))
+    assert session.steps == []
+
+
+def test_missing_head_allows_vanilla_only(tiny):
+    target, _ = tiny
+    ctx = AppContext(Engine(target, None), ServerConfig(update_interval_s=0.0), "tiny",
+                     head_missing="No draft head loaded.")
+    with pytest.raises(ValueError, match="needs a draft head"):
+        next(handlers.generate(ctx, Session(), **BASE))
+    views = list(handlers.generate(ctx, Session(), **{**BASE, "method": "vanilla"}))
+    assert "baseline" in views[-1]["speedup"]
+
+
+def test_step_mode_advances_one_step_per_click(ctx):
+    session = Session()
+    views = list(handlers.generate(ctx, session, step_mode=True, **BASE))
+    assert len(session.steps) == 1 and session.stepper is not None
+    view = list(handlers.step(ctx, session))[-1]
+    assert len(session.steps) == 2 and "step 1 done" in view["status"]
+    for _ in range(100):
+        if session.stepper is None:
+            break
+        views = list(handlers.step(ctx, session))
+    assert session.summary is not None and "Speedup" in views[-1]["speedup"]
+    with pytest.raises(ValueError, match="Nothing to step"):
+        list(handlers.step(ctx, session))
+
+
+def test_stop_ends_step_mode_and_frees_the_run(ctx):
+    session = Session()
+    list(handlers.generate(ctx, session, step_mode=True, **BASE))
+    stepper = session.stepper
+    view = handlers.stop(session)
+    assert session.stepper is None and stepper.gi_frame is None and "stopped after 1 step" in view["status"]
+
+
+def test_closing_generate_closes_the_engine_within_one_step(ctx):
+    """What Gradio does on Stop or a closed tab: close the handler generator."""
+    seen = []
+    real = ctx.engine.generate
+
+    def spy(*args, **kwargs):
+        it = real(*args, **kwargs)
+        seen.append(it)
+        return it
+
+    session = Session()
+    ctx.engine.generate = spy
+    try:
+        gen = handlers.generate(ctx, session, **{**BASE, "max_new_tokens": 60})
+        for _ in range(4):
+            next(gen)
+        n = len(session.steps)
+        gen.close()
+    finally:
+        ctx.engine.generate = real
+    assert seen[0].gi_frame is None          # the engine's iterator is closed: generation ended
+    assert len(session.steps) == n < 60
+
+
+def test_explorer_sweeps_a_knob(ctx):
+    views = list(handlers.explore(ctx, Session(), "depth", 1, 3, 3, **{**BASE, "max_new_tokens": 12}))
+    fig = views[-1]["explorer_plot"]
+    assert list(fig.data[0].x) == [1, 2, 3] and "best: depth" in views[-1]["explorer_status"]
+    skipped = list(handlers.explore(ctx, Session(), "tau_low", 0.2, 0.9, 2, **{**BASE, "max_new_tokens": 8,
+                                                                               "method": "threshold"}))
+    assert "Skipped" in skipped[-1]["explorer_status"]     # tau_low 0.9 > tau_high 0.5
+    with pytest.raises(ValueError, match="knob"):
+        next(handlers.explore(ctx, Session(), "__class__", 1, 2, 2, **BASE))
+    with pytest.raises(ValueError, match="count"):
+        next(handlers.explore(ctx, Session(), "depth", 1, 2, 50, **BASE))
+
+
+# --- traces from strangers ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def good_trace(finished):
+    session, _ = finished
+    v = session.race_vanilla
+    return traces.trace_dict(session.settings, session.model, session.steps, session.summary, v.steps, v.summary)
+
+
+def _mutate(trace, path, value):
+    t = json.loads(json.dumps(trace))
+    obj = t
+    for key in path[:-1]:
+        obj = obj[key]
+    if value is KeyError:
+        del obj[path[-1]]
+    else:
+        obj[path[-1]] = value
+    return json.dumps(t)
+
+
+@pytest.mark.parametrize("path, value", [
+    (("format",), "something-else"), (("version",), 99), (("records",), []),
+    (("records", 0, "step"), 5), (("records", 0, "type"), "summary"), (("records", 0, "bonus"), -1),
+    (("records", 0, "bonus"), True), (("records", 0, "extra"), 1), (("records", 0, "text"), KeyError),
+    (("records", 0, "tree", "parents", 0), 3), (("records", 0, "tree", "depths", 0), 2),
+    (("records", 0, "tree", "status", 0), "eval"), (("records", 0, "tree", "q", 0), 1.5),
+    (("records", 0, "tree", "texts"), ["x"]), (("records", 0, "tree", "tokens"), list(range(300))),
+    (("records", 0, "step_ms"), -1), (("records", 0, "method"), "__import__('os')"),
+    (("records", -1, "tokens_per_s"), "fast"), (("settings",), {"prompt": "x", "evil": 1}),
+    (("model",), {"k": {"nested": 1}}), (("vanilla",), [{"type": "step"}]),
+])
+def test_malformed_traces_are_refused(good_trace, path, value):
+    with pytest.raises(traces.TraceError, match="trace"):
+        traces.parse_trace(_mutate(good_trace, path, value))
+
+
+@pytest.mark.parametrize("data", [b"", b"not json", b"[1, 2]", b'{"format": "eagle-lens-trace"}',
+                                  b"[" * 100_000 + b"]" * 100_000, b'{"a": NaN}', b"\xff\xfe\x00",
+                                  b'{"format": "eagle-lens-trace", "version": Infinity}'])
+def test_hostile_json_is_refused(data):
+    with pytest.raises(traces.TraceError):
+        traces.parse_trace(data)
+
+
+def test_oversized_trace_is_refused_before_parsing(ctx, tmp_path):
+    big = tmp_path / "big.json"
+    big.write_bytes(b" " * (ctx.config.trace_max_bytes + 1))
+    with pytest.raises(ValueError, match="limit"):
+        handlers.load_trace_file(ctx, Session(), str(big))
+
+
+def test_nan_in_a_trace_is_refused(good_trace):
+    text = json.dumps(good_trace).replace('"step_ms":', '"step_ms": NaN, "x":', 1)
+    with pytest.raises(traces.TraceError):
+        traces.parse_trace(text)
+
+
+def test_demo_names_are_looked_up_never_used_as_paths(ctx):
+    with pytest.raises(ValueError, match="unknown demo"):
+        handlers.load_demo(ctx, Session(), {"demo": "/nonexistent"}, "../../etc/passwd")
+
+
+@pytest.mark.parametrize("name, path", sorted(demo_traces().items()))
+def test_shipped_traces_are_valid(ctx, name, path):
+    session = Session()
+    view = handlers.load_demo(ctx, session, {name: path}, name)
+    assert session.steps and session.summary and "replaying" in view["status"]

@@ -1,0 +1,95 @@
+"""A real Gradio server, launched in this process on 127.0.0.1 with the tiny model, driven by
+gradio_client exactly as a script or a stranger would: streaming, errors, Stop, a quick load
+and fuzz run (the full-size runs live in scripts/loadtest.py)."""
+from __future__ import annotations
+
+import importlib.util
+import time
+from pathlib import Path
+
+import pytest
+
+from app.engine.engine import Engine
+from app.ui.blocks import build_demo, launch_kwargs
+from app.ui.settings import AppContext, ServerConfig
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+PROMPTS = ("w5 w17 w33 w90", "w7 w7 w100", "w3 w250 w12")
+FAST = dict(depth=3, top_k=4, total_tokens=8)
+
+
+def _loadtest():
+    spec = importlib.util.spec_from_file_location("loadtest", REPO / "scripts" / "loadtest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def server(tiny):
+    target, head = tiny
+    config = ServerConfig(max_new_tokens=128, max_prompt_chars=5000, queue_size=16)
+    demo = build_demo(AppContext(Engine(target, head), config, "tiny test model"), demos={})
+    _, url, _ = demo.launch(server_name="127.0.0.1", prevent_thread_lock=True, quiet=True,
+                            **launch_kwargs(config))
+    yield url
+    demo.close()
+
+
+@pytest.fixture
+def client(server):
+    from gradio_client import Client
+
+    return Client(server, verbose=False, download_files=False)
+
+
+def test_generate_is_a_named_api(client):
+    api = client.view_api(print_info=False, return_format="dict")
+    params = [p["parameter_name"] for p in api["named_endpoints"]["/generate"]["parameters"]]
+    assert params[:4] == ["prompt", "method", "max_new_tokens", "temperature"]
+    assert "session" not in params
+
+
+def test_streamed_generation_ends_with_a_speedup(client):
+    job = client.submit(prompt=PROMPTS[0], method="dynamic", max_new_tokens=24, temperature=0.0, **FAST,
+                        api_name="/generate")
+    final = job.result(timeout=300)
+    assert len(job.outputs()) >= 3
+    assert str(final[0]).startswith("done")
+    assert "Speedup" in final[3] and "×" in final[3] and "identical" in final[3]
+
+
+def test_invalid_input_is_an_error_message_and_the_server_keeps_serving(client):
+    from gradio_client.exceptions import AppError
+
+    with pytest.raises(AppError, match="max_new_tokens"):
+        client.predict(prompt=PROMPTS[1], method="dynamic", max_new_tokens=10**6, temperature=0.0,
+                       api_name="/generate")
+    with pytest.raises(AppError, match="prompt"):
+        client.predict(prompt=" ", method="dynamic", max_new_tokens=4, temperature=0.0, api_name="/generate")
+    out = client.predict(prompt=PROMPTS[1], method="vanilla", max_new_tokens=4, temperature=0.0,
+                         api_name="/generate")
+    assert str(out[0]).startswith("done")
+
+
+def test_stop_frees_the_worker(server):
+    r = _loadtest().stop_latency(server, dict(prompt=PROMPTS[2], method="dynamic", max_new_tokens=120,
+                                              temperature=0.0, **FAST))
+    assert r["next_ok"]
+    assert r["updates_before_stop"] < 40          # it really was stopped mid-generation
+    assert r["worker_free_s"] < 60                # generous: the machine is shared; see the note for numbers
+
+
+def test_quick_load_two_visitors(server):
+    stats = _loadtest().run_visitors(server, visitors=2, seconds=120, max_requests=4, max_new_tokens=8,
+                                     prompts=PROMPTS)
+    assert stats["ok"] == 4 and stats["failed"] == 0 and stats["hung"] == 0, stats["errors"]
+
+
+def test_quick_fuzz(server):
+    stats = _loadtest().fuzz(server, examples=25)
+    assert stats["sent"] == 25
+    assert stats["error_message"] == 25, (stats["accepted"], stats["server_errors"])
+    assert stats["valid_after_ok"]

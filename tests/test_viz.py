@@ -1,0 +1,127 @@
+"""Figure and HTML builders on real step records from the tiny engine (no server)."""
+from __future__ import annotations
+
+import pytest
+
+from app.engine.config import TreeConfig
+from app.engine.engine import Engine
+from app.engine.events import DraftTreeRecord, StepEvent, acceptance_by_depth
+from app.viz import insights, race, style
+from app.viz.phases import phase_account
+from app.viz.stream import split_step_text, stream_html
+from app.viz.tree import ROOT_ID, tidy_layout, tree_figure, tree_graph
+
+
+@pytest.fixture(scope="module")
+def run(tiny):
+    """Step records and summary of one real dynamic-tree run on the tiny model."""
+    target, head = tiny
+    events = list(Engine(target, head).generate(prompt_ids=[5, 17, 33, 90], max_new_tokens=40,
+                                                tree=TreeConfig(depth=4, top_k=4, total_tokens=12)))
+    return events[:-1], events[-1]
+
+
+def test_tidy_layout_centres_parents_and_separates_leaves():
+    parents = [-1, -1, 0, 0, 0, 1, 5]
+    g = tree_graph(parents)
+    pos = tidy_layout(g)
+    for node in g.nodes:
+        kids = list(g.successors(node))
+        if kids:
+            assert pos[node][0] == pytest.approx((pos[kids[0]][0] + pos[kids[-1]][0]) / 2)
+            assert all(pos[k][1] == pos[node][1] - 1 for k in kids)
+    leaves = [pos[n][0] for n in g.nodes if g.out_degree(n) == 0]
+    assert len(set(leaves)) == len(leaves)
+    assert pos[ROOT_ID][1] == 0
+
+
+def test_tree_figure_draws_every_status(run):
+    steps, _ = run
+    step = max(steps, key=lambda s: len(s.accepted))   # a step with an accepted path
+    assert step.accepted, "the trained tiny head should get some tokens accepted"
+    fig = tree_figure(step)
+    nodes = fig.data[2]
+    tree = step.tree
+    assert len(nodes.x) == len(tree)
+    assert (nodes.marker.cmin, nodes.marker.cmax) == (0.0, 1.0) and nodes.marker.colorbar is not None
+    assert list(nodes.marker.color) == pytest.approx(tree.confidence)
+    for i, status in enumerate(tree.status):
+        assert f"status: {status}" in nodes.hovertext[i] and "confidence" in nodes.hovertext[i]
+        assert nodes.marker.opacity[i] == (style.UNREACHED_OPACITY if status == "unreached" else 1.0)
+        assert (nodes.marker.symbol[i] == "circle-x") == (status == "rejected")
+    green = fig.data[1]
+    assert sum(x is None for x in green.x) == len(step.accepted) + (len(step.new_tokens) > len(step.accepted))
+    assert fig.data[-1].marker.symbol == "diamond"   # the bonus node
+    assert fig.layout.uirevision == "tree"
+
+
+def test_tree_figure_without_a_tree():
+    vanilla = StepEvent(step=0, method="vanilla", tree=None, accepted=[], bonus=7, new_tokens=[7], text="x")
+    assert "vanilla" in tree_figure(vanilla).layout.annotations[0].text
+    assert tree_figure(None).layout.annotations[0].text == "no step yet"
+
+
+def test_stream_marks_origin_and_steps(run):
+    steps, summary = run
+    for s in steps:
+        drafted, bonus = split_step_text(s)
+        assert drafted + bonus == s.text
+    html = stream_html(steps, highlight=3)
+    assert html.count('class="step') == len(steps)
+    assert 'title="step 3"' in html and 'class="step current"' in html
+    assert html.count("tok bonus") == sum(1 for s in steps if len(s.new_tokens) > len(s.accepted) and s.text)
+    assert "tok draft" in html
+    assert stream_html(steps, upto=1).count('class="step') == 2
+
+
+def test_stream_escapes_hostile_text():
+    evil = StepEvent(step=0, method="vanilla", tree=None, accepted=[], bonus=1, new_tokens=[1],
+                     text='<script>alert("x")</script>')
+    html = stream_html([evil])
+    assert "<script>" not in html and "&lt;script&gt;" in html
+
+
+def test_race_curves_and_speedup(run):
+    steps, summary = run
+    xs, ys = race.curve(steps)
+    assert xs == sorted(xs) and ys[-1] == summary.new_tokens
+    assert race.speedup(steps, steps) == pytest.approx(1.0)
+    fig = race.race_figure(steps, steps[:3])
+    assert [t.name for t in fig.data] == ["EAGLE", "vanilla"]
+
+
+def test_insight_figures_agree_with_records(run):
+    steps, summary = run
+    assert list(insights.depth_figure(steps).data[0].y) == pytest.approx(acceptance_by_depth(steps))
+    centres, rate, counts = insights.calibration_bins(steps)
+    assert counts.sum() == sum(len(s.tree) for s in steps)
+    per_step = insights.tokens_per_step_figure(steps)
+    assert sum(per_step.data[0].y) + sum(per_step.data[1].y) == summary.new_tokens
+    assert len(insights.calibration_figure(steps).data) == 2
+
+
+def test_calibration_bins_by_hand():
+    tree = DraftTreeRecord(root_token=0, tokens=[1, 2, 3], texts=["a", "b", "c"], parents=[-1, -1, 0],
+                           depths=[1, 1, 2], q=[0.9, 0.05, 0.9], confidence=[0.9, 0.05, 0.81], p=None,
+                           status=["accepted", "rejected", "rejected"])
+    step = StepEvent(step=0, method="dynamic", tree=tree, accepted=[1], bonus=4, new_tokens=[1, 4], text="ad")
+    centres, rate, counts = insights.calibration_bins([step])
+    assert counts[0] == 1 and counts[8] == 1 and counts[9] == 1
+    assert rate[9] == 1.0 and rate[8] == 0.0
+
+
+def test_explorer_figure_marks_the_best():
+    fig = insights.explorer_figure("depth", [{"value": 2, "mean_accepted": 1.5, "tokens_per_s": 10.0},
+                                             {"value": 4, "mean_accepted": 2.5, "tokens_per_s": 14.0}])
+    star = fig.data[-1]
+    assert star.marker.symbol == "star" and list(star.x) == [4]
+
+
+def test_phase_account_names_the_three_phases(run):
+    steps, _ = run
+    s = steps[1]
+    text = phase_account(s, len(steps))
+    assert f"{len(s.tree)} nodes in {max(s.tree.depths)} level" in text
+    assert f"one target forward over {len(s.tree) + 1} tokens" in text
+    assert f"{len(s.accepted)} draft token" in text
+    assert "No step" in phase_account(None)
