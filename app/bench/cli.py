@@ -1,0 +1,179 @@
+"""`python -m app bench`: every method on the same prompts, interleaved, one table per suite.
+
+    python -m app bench --quick                                   # 2 prompts, smoke run
+    python -m app bench --suite mt_bench --limit 20 --max-new-tokens 256
+    python -m app bench --suite all --methods hf,vanilla,dynamic:auto,dynamic:60/5/10 --out runs/b1
+
+Methods run interleaved prompt by prompt (and in a rotating order) after one warm-up run
+each, so that drift in machine load hits every method alike. Outputs in --out: results.md
+(the tables), results.json (every run and the pooled numbers), plots.html.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+from app.bench.prompts import load_suite, parse_suites
+from app.bench.runners import ALL_METHODS, parse_methods, run_one
+
+DEFAULT_METHODS = ",".join(ALL_METHODS)
+QUICK = {"suite": "mt_bench", "limit": 2, "max_new_tokens": 32, "methods": "hf,vanilla,dynamic", "warmup_tokens": 8}
+DEFAULTS = {"suite": "mt_bench", "limit": 10, "max_new_tokens": 256, "methods": DEFAULT_METHODS, "warmup_tokens": 16}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from app.cli import add_model_arguments, add_tree_arguments
+
+    p.add_argument("--suite", default=None, help="comma-separated eval sets from data/eval, or 'all' (default mt_bench)")
+    p.add_argument("--limit", type=int, default=None, help="first N prompts of each suite; 0 = all (default 10)")
+    p.add_argument("--methods", default=None,
+                   help=f"comma-separated, from {', '.join(ALL_METHODS)}; a tree method may carry its tree as "
+                        "name:TOTAL/DEPTH/TOP_K (e.g. dynamic:60/5/10) or dynamic:auto (hardware-aware size); "
+                        "default: all plain methods")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="per answer (default 256)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the only setting where outputs are compared)")
+    p.add_argument("--seed", type=int, default=0)
+    add_tree_arguments(p)
+    add_model_arguments(p)
+    p.add_argument("--out", default=None, help="output folder (default runs/bench-YYYYmmdd-HHMMSS)")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: 2 mt_bench prompts, 32 tokens, hf,vanilla,dynamic (explicit flags still win)")
+    p.add_argument("--warmup-tokens", type=int, default=None, help="tokens of the one warm-up run per method (default 16)")
+    p.add_argument("--plotly-js", default="inline", choices=("inline", "cdn", "none"),
+                   help="plots.html with plotly.js inline (offline, ~4 MB), from a CDN (small), or no plots")
+
+
+def _fill_defaults(args) -> None:
+    base = QUICK if args.quick else DEFAULTS
+    for key, value in base.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+
+
+def _machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} logical CPUs, {platform.system()}"
+
+
+def _load() -> str:
+    try:
+        return "%.2f" % os.getloadavg()[0]
+    except OSError:
+        return "?"
+
+
+def _command(args) -> str:
+    parts = ["python -m app bench", f"--suite {args.suite}", f"--limit {args.limit}", f"--methods {args.methods}",
+             f"--max-new-tokens {args.max_new_tokens}", f"--temperature {args.temperature}"]
+    for flag in ("depth", "top_k", "total_tokens"):
+        parts.append(f"--{flag.replace('_', '-')} {getattr(args, flag)}")
+    for flag in ("base_model", "draft_model"):
+        if getattr(args, flag):
+            parts.append(f"--{flag.replace('_', '-')} {getattr(args, flag)}")
+    parts += [f"--device {args.device}", f"--dtype {args.dtype}"]
+    return " ".join(parts)
+
+
+def main(args) -> int:
+    from app.cli import build_engine, tree_config_from
+    from app.engine.config import SamplingConfig, check_max_new_tokens
+
+    _fill_defaults(args)
+    try:
+        suites = parse_suites(args.suite)
+        if args.limit < 0:
+            raise ValueError(f"limit must be >= 0 (0 = all prompts), got {args.limit}")
+        check_max_new_tokens(args.max_new_tokens)
+        specs = parse_methods(args.methods, tree_config_from(args, "dynamic"))
+        sampling = SamplingConfig(temperature=args.temperature, seed=args.seed)
+        need_head = any(s.uses_head for s in specs)
+        engine = build_engine(args.base_model, args.draft_model, args.device, args.dtype, need_head=need_head)
+    except (ValueError, FileNotFoundError, KeyError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return run_benchmark(engine, args, suites, specs, sampling)
+
+
+def run_benchmark(engine, args, suites, specs, sampling) -> int:
+    import torch
+    from tqdm import tqdm
+
+    from app.bench import report
+    from app.engine.loading import DEFAULT_HEAD_DIR
+
+    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    t_start = time.perf_counter()
+    load_start = _load()
+    out = Path(args.out or f"runs/bench-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
+    out.mkdir(parents=True, exist_ok=True)
+    prompts = [p for s in suites for p in load_suite(s, args.limit or None)]
+
+    auto_text = None
+    for i, spec in enumerate(specs):
+        if spec.auto:
+            from dataclasses import replace
+
+            from app.engine.autotune import choose_tree
+
+            print("[bench] choosing the auto tree (measures the forward cost and calibrates once, then cached)",
+                  file=sys.stderr, flush=True)
+            tree, choice = choose_tree(engine, base=spec.tree)
+            specs[i] = replace(spec, tree=tree)
+            auto_text = f"{spec.label}: {choice.summary()}"
+            print(f"[bench] {auto_text}", file=sys.stderr, flush=True)
+
+    # warm-up: one short run per method (first prompt), so lazy init and allocator growth
+    # are not charged to the first timed prompt
+    warm_ids = engine.encode_prompt(prompts[0].text)
+    for spec in specs:
+        run_one(engine, spec, "warmup", -1, warm_ids, sampling, args.warmup_tokens)
+
+    records = []
+    bar = tqdm(total=len(prompts) * len(specs), desc="bench", unit="run", file=sys.stderr, dynamic_ncols=True)
+    for i, prompt in enumerate(prompts):
+        ids = engine.encode_prompt(prompt.text)
+        order = specs[i % len(specs):] + specs[: i % len(specs)]   # rotate: no method always runs first
+        for spec in order:
+            bar.set_postfix_str(f"{prompt.suite} #{prompt.question_id} {spec.label}")
+            rec = run_one(engine, spec, prompt.suite, prompt.question_id, ids, sampling, args.max_new_tokens)
+            records.append(rec)
+            bar.update(1)
+    bar.close()
+
+    head = None
+    if any(s.uses_head for s in specs):
+        head = args.draft_model or f"shipped ({DEFAULT_HEAD_DIR.relative_to(DEFAULT_HEAD_DIR.parents[1])})"
+    meta = {
+        "command": _command(args), "started": started, "wall_s": time.perf_counter() - t_start,
+        "machine": _machine(), "device": str(engine.target.device), "dtype": str(engine.target.dtype).replace("torch.", ""),
+        "threads": torch.get_num_threads(), "load_start": load_start, "load_end": _load(),
+        "target": engine.target.name, "head": head or "none (no tree method)",
+        "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "seed": args.seed,
+        "suites": suites, "limit": args.limit, "methods": [s.label for s in specs], "auto_tree": auto_text,
+        "torch": torch.__version__,
+    }
+    summary = report.aggregate(records, specs, greedy=sampling.greedy)
+    text = report.markdown_report(summary, meta)
+    (out / "results.md").write_text(text, encoding="utf-8")
+    (out / "results.json").write_text(json.dumps(report.json_document(summary, records, meta), indent=1) + "\n",
+                                      encoding="utf-8")
+    if args.plotly_js != "none":
+        from app.bench.plots import write_plots
+
+        write_plots(summary, out / "plots.html", args.plotly_js)
+    print(text)
+    print(f"[bench] wrote {out}/results.md, results.json" + (", plots.html" if args.plotly_js != "none" else ""),
+          file=sys.stderr)
+    return 0

@@ -1,0 +1,53 @@
+"""Benchmark figures with plotly, written as one standalone HTML file (no network needed to
+write it; with ``plotly_js="inline"`` none needed to view it either, at ~4 MB; ``"cdn"``
+keeps the file small but loads plotly.js from the web when opened)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from app.bench.report import ALL
+
+
+def speedup_figure(summary: dict):
+    """Grouped bars: speedup of every method over hf (or over vanilla without hf), per suite."""
+    import plotly.graph_objects as go
+
+    suites = [s for s in summary if s != ALL] + ([ALL] if ALL in summary else [])
+    any_table = next(iter(summary.values()))
+    ref = "hf" if "hf" in any_table else "vanilla"
+    fig = go.Figure()
+    for label in any_table:
+        ys = [summary[s].get(label, {}).get(f"speedup_{ref}") for s in suites]
+        fig.add_bar(name=label, x=suites, y=ys, text=[f"{y:.2f}×" if y else "" for y in ys], textposition="outside")
+    fig.add_hline(y=1.0, line_dash="dot", line_color="gray")
+    fig.update_layout(title=f"Speedup over {ref} (tokens/s ratio, same prompts, same run)", barmode="group",
+                      yaxis_title=f"× {ref}", xaxis_title="suite", template="plotly_white")
+    return fig
+
+
+def acceptance_figure(summary: dict):
+    """Acceptance rate by depth for every tree method, pooled over all suites of the run."""
+    import plotly.graph_objects as go
+
+    table = summary[ALL] if ALL in summary else next(iter(summary.values()))
+    fig = go.Figure()
+    for label, s in table.items():
+        acc = s["acceptance_by_depth"]
+        if acc:
+            fig.add_scatter(name=f"{label} (tau {s['tau']:.2f})", x=list(range(1, len(acc) + 1)), y=acc,
+                            mode="lines+markers")
+    fig.update_layout(title="Acceptance by depth (given the path reached the depth above)",
+                      xaxis_title="depth", yaxis_title="acceptance rate", yaxis_range=[0, 1.05],
+                      template="plotly_white")
+    return fig
+
+
+def write_plots(summary: dict, path: Path, plotly_js: str = "inline") -> Path:
+    figs = [speedup_figure(summary), acceptance_figure(summary)]
+    parts = [fig.to_html(full_html=False, include_plotlyjs=(plotly_js if i == 0 else False))
+             for i, fig in enumerate(figs)]
+    html = ("<!doctype html><html><head><meta charset='utf-8'><title>EAGLE Lens benchmark</title></head>"
+            "<body>" + "\n".join(parts) + "</body></html>")
+    path = Path(path)
+    path.write_text(html, encoding="utf-8")
+    return path

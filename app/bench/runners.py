@@ -1,0 +1,199 @@
+"""One timed generation per (method, prompt), measured the same way for every method.
+
+What "tokens/s" means here (the same for every row of the table): decoding speed after the
+prompt is in the cache, i.e. prefill excluded.
+
+* Engine methods (vanilla and the tree policies): ``RunSummary.seconds`` is the sum of the
+  step times, from the first step (the forward that consumes the last prompt token and
+  yields the first new token) to the last. The engine's prefill covers prompt[:-1] only.
+* ``hf`` / ``hf-pld`` (transformers ``generate``): a streamer timestamps every batch of
+  tokens ``generate`` emits. Its first batch comes out of the prefill forward (for hf-pld
+  the prefill also verifies the first lookup), so we time from that first batch to the
+  last and count only the tokens emitted after the first batch:
+  tokens/s = (n - n_first) / (t_last - t_first). Both sides thus measure "n forwards'
+  worth of decoding, divided into the tokens those forwards produced".
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from app.engine.config import METHODS, SamplingConfig, TreeConfig
+
+HF_METHODS = ("hf", "hf-pld")
+ALL_METHODS = HF_METHODS + METHODS
+PLD_TOKENS = 10   # prompt_lookup_num_tokens for hf-pld (transformers' documented example value)
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One column of the benchmark: a method and its tree.
+
+    ``label`` is what the user wrote: ``dynamic``, ``dynamic:60/5/10`` (total_tokens/depth/top_k,
+    the papers' notation) or ``dynamic:auto`` (the hardware-aware tree of app.engine.autotune).
+    """
+
+    label: str
+    method: str                       # hf | hf-pld | vanilla | dynamic | static | chain | threshold
+    tree: TreeConfig | None = None    # None for hf methods
+    auto: bool = False
+
+    @property
+    def is_hf(self) -> bool:
+        return self.method in HF_METHODS
+
+    @property
+    def uses_head(self) -> bool:
+        return self.tree is not None and self.tree.uses_draft
+
+
+def parse_methods(spec: str, base: TreeConfig) -> list[MethodSpec]:
+    """``"hf,vanilla,dynamic,dynamic:60/5/10,dynamic:auto"`` -> specs (tree knobs from ``base``)."""
+    out: list[MethodSpec] = []
+    for label in [s.strip() for s in spec.split(",") if s.strip()]:
+        name, _, variant = label.partition(":")
+        if name not in ALL_METHODS:
+            raise ValueError(f"methods must be among {', '.join(ALL_METHODS)} (optionally name:TOTAL/DEPTH/TOP_K "
+                             f"or name:auto), got {label!r}")
+        if name in HF_METHODS:
+            if variant:
+                raise ValueError(f"method {name} takes no tree variant, got {label!r}")
+            out.append(MethodSpec(label, name))
+            continue
+        tree, auto = TreeConfig(**{**base.__dict__, "method": name}), False
+        if variant == "auto":
+            if name != "dynamic":
+                raise ValueError(f"only dynamic has an auto tree, got {label!r}")
+            auto = True
+        elif variant:
+            try:
+                total, depth, top_k = (int(x) for x in variant.split("/"))
+            except ValueError:
+                raise ValueError(f"a method variant is TOTAL/DEPTH/TOP_K (e.g. dynamic:60/5/10), got {label!r}") from None
+            tree = TreeConfig(**{**tree.__dict__, "total_tokens": total, "depth": depth, "top_k": top_k})
+        out.append(MethodSpec(label, name, tree, auto))
+    if not out:
+        raise ValueError("methods must name at least one method")
+    if len({m.label for m in out}) != len(out):
+        raise ValueError(f"methods must not repeat, got {spec!r}")
+    return out
+
+
+@dataclass
+class RunRecord:
+    """One (method, prompt) generation: what the report aggregates. Times in ms."""
+
+    suite: str
+    question_id: int | str
+    method: str                       # the spec's label
+    new_tokens: int                   # all tokens generated
+    timed_tokens: int                 # tokens produced inside the timed window
+    seconds: float                    # the timed window
+    forwards: int                     # target forwards inside the timed window
+    draft_ms: float = 0.0             # engine methods: summed over steps
+    verify_ms: float = 0.0
+    step_ms: float = 0.0
+    depth_reached: list[int] = field(default_factory=list)   # steps whose verification reached depth d
+    depth_accepted: list[int] = field(default_factory=list)  # ... and accepted a token at depth d
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    tree: dict | None = None          # the tree settings used (engine methods)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.timed_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def _sampling_kwargs(sampling: SamplingConfig) -> dict:
+    if sampling.greedy:
+        return {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+    return {"do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p,
+            "top_k": sampling.top_k_sampling}   # 0 = no top-k, as in our SamplingConfig
+
+
+class _Clock:
+    """A transformers streamer that only timestamps: (perf_counter, tokens) per ``put``."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.marks: list[tuple[float, int]] = []
+        self.ids: list[int] = []
+        self._prompt_seen = False
+
+    def put(self, value: torch.Tensor) -> None:
+        now = time.perf_counter()      # generate has already copied the tokens to the host
+        if not self._prompt_seen:      # the first put is the prompt itself
+            self._prompt_seen = True
+            return
+        ids = value.reshape(-1).tolist()
+        self.marks.append((now, len(ids)))
+        self.ids.extend(int(t) for t in ids)
+
+    def end(self) -> None:
+        pass
+
+
+@torch.inference_mode()
+def run_hf(target, spec: MethodSpec, suite: str, qid, prompt_ids: list[int], sampling: SamplingConfig,
+           max_new_tokens: int) -> RunRecord:
+    """transformers ``generate`` (plain, or prompt-lookup decoding for hf-pld) on the same model."""
+    model, device = target.model, target.device
+    ids = torch.tensor([prompt_ids], device=device)
+    clock = _Clock(device)
+    kwargs = _sampling_kwargs(sampling)
+    if spec.method == "hf-pld":
+        kwargs["prompt_lookup_num_tokens"] = PLD_TOKENS
+    if not sampling.greedy:
+        torch.manual_seed(sampling.seed)
+    eos = sorted(target.eos_ids)
+    model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, streamer=clock,
+                   eos_token_id=eos or None, pad_token_id=target.tokenizer.pad_token_id if
+                   target.tokenizer.pad_token_id is not None else (eos[0] if eos else 0), **kwargs)
+    marks = clock.marks
+    n_first = marks[0][1] if marks else 0
+    seconds = marks[-1][0] - marks[0][0] if len(marks) > 1 else 0.0
+    token_ids = clock.ids[:max_new_tokens]
+    return RunRecord(suite=suite, question_id=qid, method=spec.label, new_tokens=len(token_ids),
+                     timed_tokens=len(clock.ids) - n_first, seconds=seconds, forwards=max(0, len(marks) - 1),
+                     token_ids=token_ids, text=target.tokenizer.decode(token_ids, skip_special_tokens=True))
+
+
+def run_engine(engine, spec: MethodSpec, suite: str, qid, prompt_ids: list[int], sampling: SamplingConfig,
+               max_new_tokens: int) -> RunRecord:
+    """One ``Engine.generate``; totals and acceptance counts from its step records."""
+    draft = verify = step = 0.0
+    reached: list[int] = []
+    accepted: list[int] = []
+    summary = None
+    for event in engine.generate(prompt_ids=prompt_ids, tree=spec.tree, sampling=sampling,
+                                 max_new_tokens=max_new_tokens):
+        if event.type == "summary":
+            summary = event
+            continue
+        draft += event.draft_ms
+        verify += event.verify_ms
+        step += event.step_ms
+        if event.tree is not None and len(event.tree):
+            # same rule as events.acceptance_by_depth, kept as counts so prompts add up exactly
+            k = len(event.accepted)
+            for d in range(1, min(max(event.tree.depths), k + 1) + 1):
+                while len(reached) < d:
+                    reached.append(0)
+                    accepted.append(0)
+                reached[d - 1] += 1
+                accepted[d - 1] += int(k >= d)
+    t = spec.tree
+    return RunRecord(suite=suite, question_id=qid, method=spec.label, new_tokens=summary.new_tokens,
+                     timed_tokens=summary.new_tokens, seconds=summary.seconds, forwards=summary.target_forwards,
+                     draft_ms=draft, verify_ms=verify, step_ms=step, depth_reached=reached,
+                     depth_accepted=accepted, token_ids=list(summary.token_ids), text=summary.text,
+                     tree={"total_tokens": t.total_tokens, "depth": t.depth, "top_k": t.top_k}
+                     if t.uses_draft else None)
+
+
+def run_one(engine, spec: MethodSpec, suite: str, qid, prompt_ids, sampling, max_new_tokens) -> RunRecord:
+    if spec.is_hf:
+        return run_hf(engine.target, spec, suite, qid, prompt_ids, sampling, max_new_tokens)
+    return run_engine(engine, spec, suite, qid, prompt_ids, sampling, max_new_tokens)

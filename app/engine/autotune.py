@@ -1,0 +1,430 @@
+"""Hardware-aware tree size: pick the draft tree that this machine verifies fastest per token.
+
+Why a tree size must follow the hardware
+----------------------------------------
+A speculative step costs one draft phase plus ONE target forward over the root and the N
+tree nodes. On a GPU a forward over 60 tokens costs about what a forward over one token costs
+(decoding is memory-bound), so EAGLE-2's 60-node trees are nearly free. On a small CPU the
+forward is compute-bound: here (SmolLM2-135M, fp32, 2 cores) 1 token ~60 ms, 64 tokens ~195 ms.
+Every extra node must then earn its cost in accepted tokens.
+
+The model
+---------
+With tau(d, N) the mean number of tokens a step commits (accepted drafts + the bonus token)
+for a tree of depth d and N nodes, and T(n) the cost of one target forward over n tokens,
+
+    tokens/s (tree)    = tau(d, N) / (T(N + 1) + T_draft(d) + T_other)
+    tokens/s (vanilla) = 1 / (T(1) + T_other_vanilla)
+
+    speedup <= tau · T(1) / (T(tree) + T(draft))        (the bound quoted in issue 5)
+
+``choose_tree`` evaluates the first line over a grid of (depth, total_tokens) and returns
+the argmax. Its three ingredients are all measured, none assumed:
+
+* T(n): ``measure_forward_costs`` times the target's decoder stack + LM head (exactly what
+  the engine's verify forward runs) over n query tokens on a realistic cached prefix, with a
+  tree-shaped attention mask. Measured once per (model, device, dtype, threads) and cached
+  as JSON under ``loading.cache_dir() / "autotune"``; T(n) between measured sizes is
+  interpolated linearly.
+* tau(d, N): ``calibrate`` decodes a few built-in prompts (not the evaluation sets) with one
+  *large* dynamic tree and records, per step, which nodes the target accepted. For greedy
+  verification, the nodes a smaller tree would accept are exactly the accepted nodes of the
+  large tree that the smaller tree contains: EAGLE-2's smaller tree is the top-N nodes by
+  confidence among the levels <= d, which is closed under ancestors, so the target's accepted
+  path in it is the large tree's accepted path cut where it leaves the smaller tree. So
+  tau(d, N) = 1 + mean over steps of |accepted ∩ top-N(levels <= d)|, measured, not modelled.
+  (EAGLE-2's own estimate, the sum of the kept nodes' confidences, is reported beside it.)
+* T_draft(d) and T_other: from the same calibration run's step timings (draft time grows
+  about linearly with depth: one head forward + one LM-head call per level).
+
+Everything is plain arithmetic over measured numbers, so the report (``TreeChoice``) carries
+the cost curve, the tau table and the predicted tokens/s of every candidate: the app can
+show why it picked what it picked.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import torch
+
+from app.engine.config import MAX_DEPTH, SamplingConfig, TreeConfig
+
+# Query sizes (tokens per target forward) at which T(n) is measured. 1 is vanilla decoding.
+DEFAULT_SIZES = (1, 8, 16, 24, 32, 48, 64)
+# Length of the cached prefix the forwards attend to: a short prompt plus some answer.
+DEFAULT_PREFIX = 256
+# Candidate tree sizes (draft nodes) and depths searched by ``choose_tree``.
+DEFAULT_TOTALS = (2, 4, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 63)
+DEFAULT_DEPTHS = (1, 2, 3, 4, 5, 6, 7)
+
+# Calibration prompts: generic, short, and *not* taken from the evaluation sets.
+CALIBRATION_PROMPTS = (
+    "Explain how a bicycle stays upright while it is moving.",
+    "Write a short Python function that returns the n-th Fibonacci number, with a docstring.",
+    "Give three tips for writing a clear email to a colleague.",
+)
+
+
+# --- T(n): the target's forward cost ---------------------------------------------------------
+
+@dataclass
+class CostCurve:
+    """Milliseconds of one target forward (decoder stack + LM head) over n query tokens."""
+
+    sizes: list[int]              # n, ascending
+    ms: list[float]               # median wall time of a forward over n tokens
+    key: dict = field(default_factory=dict)   # what it was measured on (model, device, dtype, ...)
+
+    def __call__(self, n: float) -> float:
+        """T(n) in ms, linear between measured sizes, extrapolated from the last two beyond."""
+        xs, ys = self.sizes, self.ms
+        if n <= xs[0]:
+            return ys[0]
+        for i in range(1, len(xs)):
+            if n <= xs[i]:
+                w = (n - xs[i - 1]) / (xs[i] - xs[i - 1])
+                return ys[i - 1] + w * (ys[i] - ys[i - 1])
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else 0.0
+        return ys[-1] + slope * (n - xs[-1])
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def cost_cache_key(target) -> dict:
+    """What a forward-cost measurement depends on."""
+    device = target.device
+    dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
+    cfg = target.model.config
+    return {
+        "model": target.name,
+        "shape": f"L{cfg.num_hidden_layers}-H{cfg.hidden_size}-V{cfg.vocab_size}",
+        "device": device.type,
+        "device_name": dev_name,
+        "dtype": str(target.dtype).replace("torch.", ""),
+        "threads": torch.get_num_threads() if device.type == "cpu" else 0,
+        "torch": torch.__version__,
+    }
+
+
+def cost_cache_path(key: dict) -> Path:
+    from app.engine.loading import cache_dir
+
+    digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in key["model"])
+    return cache_dir() / "autotune" / f"cost-{safe}-{key['device']}-{key['dtype']}-{digest}.json"
+
+
+def save_cost_curve(curve: CostCurve, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(curve), indent=1) + "\n")
+    tmp.replace(path)  # atomic: a half-written file is never read back
+
+
+def load_cost_curve(path: Path) -> CostCurve | None:
+    try:
+        data = json.loads(Path(path).read_text())
+        curve = CostCurve(sizes=[int(s) for s in data["sizes"]], ms=[float(m) for m in data["ms"]],
+                          key=dict(data.get("key", {})))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not curve.sizes or len(curve.sizes) != len(curve.ms):
+        return None
+    return curve
+
+
+@torch.inference_mode()
+def measure_forward_costs(target, sizes=DEFAULT_SIZES, prefix_len: int = DEFAULT_PREFIX,
+                          repeats: int = 5, warmup: int = 2) -> CostCurve:
+    """Time the verify forward over each query size n on a cached prefix of ``prefix_len``.
+
+    For n > 1 the queries carry a tree attention mask (a chain: every node sees the prefix
+    and the nodes before it), like the engine's verify step, so the same attention kernel
+    runs; for n == 1 no mask, like vanilla decoding. Timed work: decoder stack + LM head over
+    all n rows (the engine needs every row's logits). The cache is cropped back after each
+    forward, so every repeat sees the same prefix. Median of ``repeats``.
+    """
+    from transformers import DynamicCache
+
+    from app.engine import kv
+
+    model, device = target.model, target.device
+    body = getattr(model, model.base_model_prefix)
+    lm_head = model.get_output_embeddings()
+    vocab = model.config.vocab_size
+    prefix_len = min(prefix_len, target.max_positions - max(sizes) - 1)
+    g = torch.Generator().manual_seed(0)
+    prefix = torch.randint(0, vocab, (1, prefix_len), generator=g).to(device)        # (1, P)
+    cache = DynamicCache(config=model.config)
+    body(input_ids=prefix, cache=cache, use_cache=True)
+    ms = []
+    for n in sizes:
+        ids = torch.randint(0, vocab, (1, n), generator=g).to(device)                  # (1, n)
+        pos = torch.arange(prefix_len, prefix_len + n, device=device)[None]           # (1, n)
+        if n > 1:
+            mask = torch.ones(n, prefix_len + n, dtype=torch.bool, device=device).tril(prefix_len)[None, None]
+        else:
+            mask = None                                                               # (1, 1, n, P+n) or None
+        times = []
+        for r in range(warmup + repeats):
+            _sync(device)
+            t0 = time.perf_counter()
+            hidden = body(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache,
+                          use_cache=True).last_hidden_state                           # (1, n, H)
+            lm_head(hidden[0])                                                         # (n, V)
+            _sync(device)
+            t1 = time.perf_counter()
+            kv.crop(cache, prefix_len)
+            if r >= warmup:
+                times.append((t1 - t0) * 1e3)
+        times.sort()
+        ms.append(times[len(times) // 2])
+    return CostCurve(sizes=list(sizes), ms=ms, key=cost_cache_key(target))
+
+
+def forward_cost_curve(target, sizes=DEFAULT_SIZES, refresh: bool = False, **kw) -> CostCurve:
+    """T(n) for this target, measured once and then read from the on-disk cache."""
+    key = cost_cache_key(target)
+    path = cost_cache_path(key)
+    if not refresh:
+        curve = load_cost_curve(path)
+        if curve is not None and curve.key == key and set(sizes) <= set(curve.sizes):
+            return curve
+    curve = measure_forward_costs(target, sizes=sizes, **kw)
+    save_cost_curve(curve, path)
+    return curve
+
+
+# --- tau(d, N): what the head gets accepted -----------------------------------------------------
+
+@dataclass
+class Calibration:
+    """What one calibration run measured. ``steps`` holds, per step of the large tree, each
+    node as [depth, confidence, accepted (0/1)] in the engine's node order."""
+
+    steps: list[list[list[float]]]
+    draft_ms: list[float]          # per step, drafting the large tree (depth = ``depth``)
+    verify_ms: list[float]
+    step_ms: list[float]
+    vanilla_step_ms: list[float]   # per step of a short vanilla run (one token per forward)
+    depth: int                     # depth of the large calibration tree
+    top_k: int
+    total_tokens: int
+    key: dict = field(default_factory=dict)
+
+    def tau(self, depth: int, total: int) -> tuple[float, float]:
+        """(measured, confidence-estimated) tokens per step for EAGLE-2's tree of ``total``
+        nodes over levels <= ``depth``: 1 (the bonus) + the accepted nodes it contains.
+
+        The smaller tree is the top ``total`` nodes by confidence (ties: earlier node first,
+        as ``tree.finalize`` does) among the levels <= depth of the large tree.
+        """
+        if not self.steps:
+            return 1.0, 1.0
+        acc = conf = 0.0
+        for nodes in self.steps:
+            kept = sorted((i for i, n in enumerate(nodes) if n[0] <= depth), key=lambda i: (-nodes[i][1], i))[:total]
+            acc += sum(nodes[i][2] for i in kept)
+            conf += sum(nodes[i][1] for i in kept)
+        return 1.0 + acc / len(self.steps), 1.0 + conf / len(self.steps)
+
+
+def head_fingerprint(head) -> str:
+    """A short hash of the head's weights: the calibration cache is per head, not per path."""
+    h = hashlib.sha1()
+    for name, tensor in sorted(head.state_dict().items()):
+        h.update(name.encode())
+        h.update(tensor.detach().float().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _mean(xs) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def calibrate(engine, prompts=CALIBRATION_PROMPTS, depth: int = 6, top_k: int = 8, total_tokens: int = 96,
+              max_new_tokens: int = 48, vanilla_tokens: int = 16) -> Calibration:
+    """Decode ``prompts`` greedily with one large dynamic tree and record every node's fate.
+
+    Costs about len(prompts) * max_new_tokens / tau steps of a ``total_tokens``-node tree:
+    some seconds on a CPU. A short vanilla run times the one-token step with the same code.
+    """
+    big = TreeConfig(method="dynamic", depth=depth, top_k=top_k, total_tokens=total_tokens)
+    greedy = SamplingConfig(temperature=0.0)
+    steps, draft_ms, verify_ms, step_ms = [], [], [], []
+    for prompt in prompts:
+        for event in engine.generate(prompt, tree=big, sampling=greedy, max_new_tokens=max_new_tokens):
+            if event.type != "step":
+                continue
+            if event.step == 0:
+                continue  # the first step also reads the whole prompt into the head: not typical
+            tree = event.tree
+            steps.append([[d, c, 1 if s == "accepted" else 0]
+                          for d, c, s in zip(tree.depths, tree.confidence, tree.status)])
+            draft_ms.append(event.draft_ms)
+            verify_ms.append(event.verify_ms)
+            step_ms.append(event.step_ms)
+    vanilla = []
+    for event in engine.generate(prompts[0], tree=TreeConfig(method="vanilla"), sampling=greedy,
+                                 max_new_tokens=vanilla_tokens):
+        if event.type == "step" and event.step > 0:
+            vanilla.append(event.step_ms)
+    return Calibration(steps=steps, draft_ms=draft_ms, verify_ms=verify_ms, step_ms=step_ms,
+                       vanilla_step_ms=vanilla, depth=depth, top_k=top_k, total_tokens=total_tokens)
+
+
+def calibration_cache_path(key: dict) -> Path:
+    from app.engine.loading import cache_dir
+
+    digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    return cache_dir() / "autotune" / f"calib-{key['head']}-{digest}.json"
+
+
+def cached_calibration(engine, refresh: bool = False, **kw) -> Calibration:
+    """``calibrate`` once per (target cost key, head weights, settings); later calls read JSON."""
+    key = dict(cost_cache_key(engine.target), head=head_fingerprint(engine.head),
+               **{k: (list(v) if isinstance(v, tuple) else v) for k, v in sorted(kw.items())})
+    path = calibration_cache_path(key)
+    if not refresh:
+        try:
+            data = json.loads(path.read_text())
+            if data.get("key") == key:
+                return Calibration(**data)
+        except (OSError, ValueError, TypeError):
+            pass
+    cal = calibrate(engine, **kw)
+    cal.key = key
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(cal)) + "\n")
+    tmp.replace(path)
+    return cal
+
+
+# --- the choice -------------------------------------------------------------------------------
+
+@dataclass
+class Candidate:
+    depth: int
+    total_tokens: int
+    tau: float                 # measured tokens per step (bonus included)
+    tau_confidence: float      # EAGLE-2's estimate: 1 + sum of the kept nodes' confidences
+    verify_ms: float           # T(total_tokens + 1)
+    draft_ms: float            # T_draft(depth)
+    other_ms: float
+    tokens_per_s: float        # tau / (verify + draft + other)
+
+
+def predict(cost: CostCurve, tau: float, depth: int, total_tokens: int, draft_ms_per_level: float,
+            other_ms: float) -> tuple[float, float, float]:
+    """(verify ms, draft ms, predicted tokens/s) of one tree size. The whole cost model."""
+    verify = cost(total_tokens + 1)                 # root + nodes in one forward
+    draft = draft_ms_per_level * depth              # one head forward + LM head per level
+    return verify, draft, 1000.0 * tau / (verify + draft + other_ms)
+
+
+def rank_candidates(cost: CostCurve, tau_of, draft_ms_per_level: float, other_ms: float,
+                    depths=DEFAULT_DEPTHS, totals=DEFAULT_TOTALS) -> list[Candidate]:
+    """Every (depth, total_tokens) in the grid with its predicted tokens/s, best first.
+
+    ``tau_of(depth, total) -> (tau, tau_confidence)``. Trees with fewer nodes than levels
+    are skipped (a depth-d tree needs at least d nodes to reach depth d). Ties go to the
+    smaller tree (cheaper in memory, and the prediction's noise favours no one).
+    """
+    out = []
+    for d in depths:
+        for t in totals:
+            if t < d:
+                continue
+            tau, tau_c = tau_of(d, t)
+            verify, draft, tps = predict(cost, tau, d, t, draft_ms_per_level, other_ms)
+            out.append(Candidate(depth=d, total_tokens=t, tau=tau, tau_confidence=tau_c, verify_ms=verify,
+                                 draft_ms=draft, other_ms=other_ms, tokens_per_s=tps))
+    out.sort(key=lambda c: (-c.tokens_per_s, c.total_tokens, c.depth))
+    return out
+
+
+@dataclass
+class TreeChoice:
+    """The chosen tree and everything needed to show why (the app renders ``to_dict``)."""
+
+    tree: TreeConfig
+    predicted_tokens_per_s: float
+    predicted_vanilla_tokens_per_s: float
+    cost_curve: CostCurve
+    draft_ms_per_level: float
+    other_ms: float
+    candidates: list[Candidate]          # best first
+    calibration_steps: int
+
+    @property
+    def predicted_speedup(self) -> float:
+        v = self.predicted_vanilla_tokens_per_s
+        return self.predicted_tokens_per_s / v if v > 0 else 0.0
+
+    def summary(self) -> str:
+        c = self.candidates[0]
+        return (f"auto tree: depth {self.tree.depth}, total_tokens {self.tree.total_tokens}, top_k {self.tree.top_k} "
+                f"-> predicted {self.predicted_tokens_per_s:.1f} tokens/s (tau {c.tau:.2f}, "
+                f"verify {c.verify_ms:.0f} + draft {c.draft_ms:.0f} + other {c.other_ms:.0f} ms per step), "
+                f"{self.predicted_speedup:.2f}x predicted vanilla {self.predicted_vanilla_tokens_per_s:.1f} tokens/s")
+
+    def to_dict(self) -> dict:
+        return {
+            "tree": {"method": self.tree.method, "depth": self.tree.depth, "top_k": self.tree.top_k,
+                     "total_tokens": self.tree.total_tokens},
+            "predicted_tokens_per_s": self.predicted_tokens_per_s,
+            "predicted_vanilla_tokens_per_s": self.predicted_vanilla_tokens_per_s,
+            "predicted_speedup": self.predicted_speedup,
+            "cost_curve": asdict(self.cost_curve),
+            "draft_ms_per_level": self.draft_ms_per_level,
+            "other_ms": self.other_ms,
+            "calibration_steps": self.calibration_steps,
+            "candidates": [asdict(c) for c in self.candidates],
+        }
+
+
+def choose_from(cost: CostCurve, cal: Calibration, base: TreeConfig = TreeConfig(),
+                depths=DEFAULT_DEPTHS, totals=DEFAULT_TOTALS) -> TreeChoice:
+    """The argmax of the cost model, from a cost curve and a calibration (pure: no model runs)."""
+    depths = [d for d in depths if d <= cal.depth]
+    totals = [t for t in totals if t <= cal.total_tokens]
+    draft_per_level = _mean(cal.draft_ms) / cal.depth
+    # Everything in a step that is neither drafting nor the bare target forward: mask building,
+    # softmax of the verify logits, KV commit, the step record. Measured at the calibration size.
+    other = max(0.0, _mean(cal.step_ms) - _mean(cal.draft_ms) - cost(cal.total_tokens + 1))
+    ranked = rank_candidates(cost, cal.tau, draft_per_level, other, depths, totals)
+    best = ranked[0]
+    vanilla_ms = _mean(cal.vanilla_step_ms) or cost(1)
+    tree = replace(base, method="dynamic", depth=best.depth, total_tokens=best.total_tokens, top_k=cal.top_k)
+    return TreeChoice(tree=tree, predicted_tokens_per_s=best.tokens_per_s,
+                      predicted_vanilla_tokens_per_s=1000.0 / vanilla_ms, cost_curve=cost,
+                      draft_ms_per_level=draft_per_level, other_ms=other, candidates=ranked,
+                      calibration_steps=len(cal.steps))
+
+
+def choose_tree(engine, method: str = "dynamic", base: TreeConfig | None = None, refresh: bool = False,
+                calibration: dict | None = None) -> tuple[TreeConfig, TreeChoice]:
+    """The "auto" tree for this engine: (TreeConfig to decode with, report to show).
+
+    First call on a machine measures the target's forward cost curve (seconds) and runs a
+    short calibration decode with the head (tens of seconds on a CPU); both are cached on
+    disk, so later calls return at once. ``base`` supplies the knobs not tuned here
+    (tau_high, min_confidence, ...); ``calibration`` overrides ``calibrate``'s settings.
+    """
+    if method != "dynamic":
+        raise ValueError(f"choose_tree tunes the dynamic (EAGLE-2) tree only, got method {method!r}")
+    if engine.head is None:
+        raise ValueError("choose_tree needs a draft head: its acceptance decides the tree size")
+    cost = forward_cost_curve(engine.target, refresh=refresh)
+    cal = cached_calibration(engine, refresh=refresh, **(calibration or {}))
+    choice = choose_from(cost, cal, base or TreeConfig())
+    return choice.tree, choice

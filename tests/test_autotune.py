@@ -1,0 +1,128 @@
+"""The hardware-aware tree size: the cost model's argmax, the tau estimate from a large tree,
+the on-disk caches, and one end-to-end choice on a tiny model."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.engine import autotune
+from app.engine.autotune import Calibration, CostCurve, choose_from, predict, rank_candidates
+
+# A CPU-like curve (grows with the tree) and a GPU-like one (flat): ms per forward over n tokens.
+CPU = CostCurve(sizes=[1, 8, 16, 24, 32, 48, 64], ms=[60, 83, 99, 110, 124, 160, 195])
+GPU = CostCurve(sizes=[1, 8, 16, 24, 32, 48, 64], ms=[20, 20, 20.5, 21, 21, 22, 23])
+
+
+def test_cost_curve_interpolates_and_extrapolates():
+    assert CPU(1) == 60 and CPU(64) == 195
+    assert CPU(12) == pytest.approx(91)            # halfway between 8 and 16
+    assert CPU(0) == 60                             # clamped below
+    assert CPU(80) == pytest.approx(195 + 16 * (195 - 160) / 16)
+
+
+def synthetic_tau(depth, total):
+    """A head whose accepted length saturates in both depth and tree size."""
+    per_level = [0.8, 0.6, 0.45, 0.3, 0.2, 0.1, 0.05]
+    gain, p = 0.0, 1.0
+    for d in range(depth):
+        p *= per_level[d]
+        gain += p
+    return 1.0 + gain * min(1.0, total / (4.0 * depth)), 0.0
+
+
+@pytest.mark.parametrize("cost", [CPU, GPU], ids=["cpu", "gpu"])
+def test_choice_is_the_argmax_of_its_own_model(cost):
+    ranked = rank_candidates(cost, synthetic_tau, draft_ms_per_level=8.0, other_ms=5.0)
+    brute = max(((d, t) for d in autotune.DEFAULT_DEPTHS for t in autotune.DEFAULT_TOTALS if t >= d),
+                key=lambda dt: predict(cost, synthetic_tau(*dt)[0], dt[0], dt[1], 8.0, 5.0)[2])
+    assert (ranked[0].depth, ranked[0].total_tokens) == brute
+    assert all(a.tokens_per_s >= b.tokens_per_s for a, b in zip(ranked, ranked[1:]))
+
+
+def test_flat_cost_picks_a_bigger_tree_than_steep_cost():
+    cpu = rank_candidates(CPU, synthetic_tau, 8.0, 5.0)[0]
+    gpu = rank_candidates(GPU, synthetic_tau, 0.5, 1.0)[0]
+    assert gpu.total_tokens > cpu.total_tokens
+
+
+def big_tree_calibration() -> Calibration:
+    # two steps of a depth-3 tree; node = [depth, confidence, accepted]
+    step1 = [[1, 0.9, 1], [1, 0.05, 0], [2, 0.6, 1], [2, 0.2, 0], [3, 0.3, 0], [3, 0.25, 1]]
+    step2 = [[1, 0.5, 0], [1, 0.4, 1], [2, 0.3, 0], [2, 0.35, 1], [3, 0.1, 0]]
+    return Calibration(steps=[step1, step2], draft_ms=[30.0, 30.0], verify_ms=[100.0, 100.0],
+                       step_ms=[140.0, 140.0], vanilla_step_ms=[62.0, 58.0], depth=3, top_k=2, total_tokens=6)
+
+
+def test_tau_counts_accepted_nodes_of_the_smaller_tree():
+    cal = big_tree_calibration()
+    # depth 1, 1 node: step1 keeps node 0 (accepted), step2 keeps node 0 (rejected)
+    assert cal.tau(1, 1)[0] == pytest.approx(1 + (1 + 0) / 2)
+    # depth 3, 3 nodes: step1 keeps 0.9, 0.6, 0.3 -> 2 accepted; step2 0.5, 0.4, 0.35 -> 2
+    assert cal.tau(3, 3)[0] == pytest.approx(1 + 2)
+    # the whole tree: every accepted node counts
+    assert cal.tau(3, 6)[0] == pytest.approx(1 + (3 + 2) / 2)
+    # EAGLE-2's estimate: sum of kept confidences
+    assert cal.tau(1, 1)[1] == pytest.approx(1 + (0.9 + 0.5) / 2)
+
+
+def test_choose_from_uses_measured_parts():
+    cal = big_tree_calibration()
+    choice = choose_from(CPU, cal)
+    best = choice.candidates[0]
+    assert (choice.tree.depth, choice.tree.total_tokens) == (best.depth, best.total_tokens)
+    assert choice.tree.method == "dynamic" and choice.tree.top_k == 2
+    assert choice.draft_ms_per_level == pytest.approx(10.0)                 # 30 ms over 3 levels
+    assert choice.other_ms == pytest.approx(140 - 30 - CPU(7))
+    assert choice.predicted_vanilla_tokens_per_s == pytest.approx(1000 / 60)
+    assert best.total_tokens <= 6 and best.depth <= 3                       # never beyond what was measured
+    d = choice.to_dict()
+    json.dumps(d)                                                           # the app can ship it as is
+    assert d["cost_curve"]["sizes"] == CPU.sizes and "auto tree" in choice.summary()
+
+
+def test_cost_cache_round_trip(tmp_path, monkeypatch):
+    from tests.tiny import tiny_target
+
+    monkeypatch.setenv("EAGLE_LENS_CACHE", str(tmp_path))
+    target = tiny_target()
+    calls = []
+    real = autotune.measure_forward_costs
+
+    def counting(*a, **kw):
+        calls.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(autotune, "measure_forward_costs", counting)
+    sizes = (1, 4, 8)
+    first = autotune.forward_cost_curve(target, sizes=sizes, prefix_len=16, repeats=1, warmup=0)
+    second = autotune.forward_cost_curve(target, sizes=sizes, prefix_len=16, repeats=1, warmup=0)
+    assert len(calls) == 1
+    assert second.sizes == first.sizes == list(sizes) and second.ms == first.ms
+    path = autotune.cost_cache_path(autotune.cost_cache_key(target))
+    assert path.is_file() and str(path).startswith(str(tmp_path))
+    assert autotune.load_cost_curve(path).key["model"] == target.name
+    path.write_text("{not json")                     # a corrupt cache is measured again, not trusted
+    autotune.forward_cost_curve(target, sizes=sizes, prefix_len=16, repeats=1, warmup=0)
+    assert len(calls) == 2
+
+
+def test_choose_tree_end_to_end_on_a_tiny_model(tmp_path, monkeypatch):
+    from app.engine.engine import Engine
+    from tests.tiny import tiny_target, trained_head
+
+    monkeypatch.setenv("EAGLE_LENS_CACHE", str(tmp_path))
+    target = tiny_target()
+    engine = Engine(target, trained_head(target, steps=60))
+    settings = {"prompts": ("w5 w6 w7", "w9 w10"), "depth": 4, "top_k": 4, "total_tokens": 24,
+                "max_new_tokens": 24, "vanilla_tokens": 6}
+    tree, choice = autotune.choose_tree(engine, calibration=settings)
+    assert tree.method == "dynamic" and 1 <= tree.depth <= 4 and tree.depth <= tree.total_tokens <= 24
+    assert choice.calibration_steps > 0 and choice.predicted_tokens_per_s > 0
+    assert len(list((tmp_path / "autotune").glob("*.json"))) == 2   # cost curve + calibration cached
+    again, _ = autotune.choose_tree(engine, calibration=settings)
+    assert again == tree
+    with pytest.raises(ValueError, match="dynamic"):
+        autotune.choose_tree(engine, method="chain")
+    with pytest.raises(ValueError, match="head"):
+        autotune.choose_tree(Engine(target, None))

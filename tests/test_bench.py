@@ -1,0 +1,138 @@
+"""`python -m app bench` end to end on a tiny random Llama (real engine, real transformers
+generate), plus the pieces it is made of: method parsing, pooling, the markdown table."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.__main__ import main as app_main
+from app.bench.prompts import load_suite, parse_suites
+from app.bench.report import aggregate, markdown_table
+from app.bench.runners import MethodSpec, RunRecord, parse_methods
+from app.engine.config import TreeConfig
+
+
+@pytest.fixture(scope="module")
+def tiny_folders(tmp_path_factory):
+    """A tiny target and a briefly trained head saved as folders, as a user would pass them."""
+    from tests.tiny import tiny_target, trained_head
+
+    root = tmp_path_factory.mktemp("tiny")
+    target = tiny_target()
+    target.model.save_pretrained(root / "target")
+    target.tokenizer.save_pretrained(root / "target")
+    trained_head(target, steps=60).save(root / "head")
+    return root
+
+
+def tiny_suites(folder):
+    """Two 2-prompt suites in the tiny tokenizer's words (w3 ... w255): the real sets would
+    encode to unknown tokens only, on which a random model repeats one token."""
+    import app.bench.prompts as prompts
+
+    folder.mkdir()
+    for name, seed in (("alpha", 7), ("beta", 11)):
+        rows = [{"question_id": i, "category": name,
+                 "turns": [" ".join(f"w{3 + (seed * (i + 1) * j) % 250}" for j in range(12))]} for i in range(3)]
+        (folder / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return prompts
+
+
+def test_bench_cli_end_to_end(tiny_folders, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "out"
+    monkeypatch.setattr(tiny_suites(tmp_path / "eval"), "EVAL_DIR", tmp_path / "eval")
+    rc = app_main(["bench", "--quick", "--suite", "alpha,beta", "--max-new-tokens", "8",
+                   "--methods", "hf,hf-pld,vanilla,dynamic,dynamic:8/2/2", "--warmup-tokens", "2",
+                   "--total-tokens", "12", "--depth", "3", "--top-k", "4",
+                   "--base-model", str(tiny_folders / "target"), "--draft-model", str(tiny_folders / "head"),
+                   "--device", "cpu", "--out", str(out), "--plotly-js", "cdn"])
+    assert rc == 0
+    stdout = capsys.readouterr().out
+    doc = json.loads((out / "results.json").read_text())
+    md = (out / "results.md").read_text()
+    assert md.strip() == stdout.strip()
+    assert (out / "plots.html").stat().st_size > 1000
+
+    labels = ["hf", "hf-pld", "vanilla", "dynamic", "dynamic:8/2/2"]
+    assert list(doc["summary"]) == ["alpha", "beta", "all"]
+    assert len(doc["runs"]) == 2 * 2 * len(labels)       # 2 suites x 2 prompts x methods
+    for suite, table in doc["summary"].items():
+        assert list(table) == labels
+        assert f"## {suite}" in md
+        for label, s in table.items():
+            assert s["runs"] == (4 if suite == "all" else 2)
+            assert s["tokens_per_s"] > 0 and s["tau"] >= 1.0
+            assert s["speedup_hf"] == pytest.approx(s["tokens_per_s"] / table["hf"]["tokens_per_s"])
+            assert s["speedup_vanilla"] == pytest.approx(s["tokens_per_s"] / table["vanilla"]["tokens_per_s"])
+            # greedy, float32: every method reproduces vanilla token for token (hf included)
+            assert s["identical_to_vanilla"] == [s["runs"], s["runs"]]
+            assert f"| {label} |" in md
+        for label in ("vanilla", "dynamic", "dynamic:8/2/2"):
+            s = table[label]
+            assert s["draft_share"] + s["verify_share"] + s["other_share"] == pytest.approx(1.0)
+        assert table["dynamic"]["tree"] == {"total_tokens": 12, "depth": 3, "top_k": 4}
+        assert table["dynamic:8/2/2"]["tree"] == {"total_tokens": 8, "depth": 2, "top_k": 2}
+        assert table["dynamic"]["acceptance_by_depth"] and table["vanilla"]["acceptance_by_depth"] == []
+        assert table["vanilla"]["draft_share"] < 0.01
+    for r in doc["runs"]:
+        assert 1 <= r["new_tokens"] <= 8
+        assert len(set(r["token_ids"])) > 1                  # a real continuation, not one repeated token
+    assert doc["meta"]["head"] == str(tiny_folders / "head")
+    assert doc["meta"]["methods"] == labels
+
+
+def test_bench_rejects_bad_arguments(capsys):
+    assert app_main(["bench", "--suite", "nope"]) == 2
+    assert "suite" in capsys.readouterr().err
+    assert app_main(["bench", "--methods", "hf,warp"]) == 2
+    assert "methods" in capsys.readouterr().err
+
+
+def test_parse_methods_variants():
+    base = TreeConfig(depth=5, top_k=8, total_tokens=24)
+    specs = parse_methods("hf, vanilla ,dynamic,dynamic:60/5/10,dynamic:auto,chain", base)
+    assert [s.label for s in specs] == ["hf", "vanilla", "dynamic", "dynamic:60/5/10", "dynamic:auto", "chain"]
+    assert specs[0].tree is None and specs[0].is_hf and not specs[0].uses_head
+    assert specs[1].tree.method == "vanilla" and not specs[1].uses_head
+    assert (specs[3].tree.total_tokens, specs[3].tree.depth, specs[3].tree.top_k) == (60, 5, 10)
+    assert specs[4].auto and specs[5].tree.method == "chain" and specs[5].tree.total_tokens == 24
+    for bad in ("dynamic:60/5", "chain:auto", "hf:1/2/3", "vanilla,vanilla", "", "dynamic:600/5/10"):
+        with pytest.raises(ValueError):
+            parse_methods(bad, base)
+
+
+def test_suites_are_shipped_with_the_repo():
+    assert set(parse_suites("all")) == {"alpaca", "gsm8k", "humaneval", "mt_bench", "qa", "sum"}
+    prompts = load_suite("mt_bench", 3)
+    assert len(prompts) == 3 and all(p.text.strip() for p in prompts)
+    assert len(load_suite("gsm8k")) == 80
+
+
+def _run(method, qid, tokens, seconds, forwards, draft=0.0, verify=0.0, step=0.0, reached=(), acc=(), ids=(1,)):
+    return RunRecord(suite="s", question_id=qid, method=method, new_tokens=tokens, timed_tokens=tokens,
+                     seconds=seconds, forwards=forwards, draft_ms=draft, verify_ms=verify, step_ms=step,
+                     depth_reached=list(reached), depth_accepted=list(acc), token_ids=list(ids))
+
+
+def test_pooling_and_table():
+    specs = [MethodSpec("hf", "hf"), MethodSpec("vanilla", "vanilla", TreeConfig(method="vanilla")),
+             MethodSpec("dynamic", "dynamic", TreeConfig())]
+    records = [
+        _run("hf", 0, 10, 1.0, 10), _run("hf", 1, 30, 1.0, 30),
+        _run("vanilla", 0, 10, 0.5, 10, verify=500, step=500), _run("vanilla", 1, 30, 1.5, 30, verify=1500, step=1500),
+        _run("dynamic", 0, 10, 0.25, 4, draft=50, verify=150, step=250, reached=[4, 3], acc=[3, 1]),
+        _run("dynamic", 1, 30, 0.75, 10, draft=150, verify=450, step=750, reached=[10, 8], acc=[8, 2], ids=(2,)),
+    ]
+    table = aggregate(records, specs, greedy=True)["s"]
+    assert table["hf"]["tokens_per_s"] == pytest.approx(20.0)           # 40 tokens / 2 s, pooled
+    assert table["vanilla"]["speedup_hf"] == pytest.approx(1.0)
+    d = table["dynamic"]
+    assert d["tokens_per_s"] == pytest.approx(40.0) and d["speedup_vanilla"] == pytest.approx(2.0)
+    assert d["tau"] == pytest.approx(40 / 14)
+    assert d["acceptance_by_depth"] == pytest.approx([11 / 14, 3 / 11])
+    assert (d["draft_share"], d["verify_share"], d["other_share"]) == pytest.approx((0.2, 0.6, 0.2))
+    assert d["ms_per_step"] == pytest.approx(1000 / 14)
+    assert d["identical_to_vanilla"] == [1, 2]
+    md = markdown_table(table)
+    assert "| dynamic | 24/5/8 | 40.0 | 2.00 | 2.00 | 2.86 | 71 | 20% / 60% / 20% | 0.79 0.27 | 1 of 2 |" in md
