@@ -31,9 +31,13 @@ def url(tiny):
     demo.close()
 
 
-def _tree_nodes(page) -> int:
-    """Draft-tree markers drawn by plotly inside the tree plot."""
-    return page.locator("#tree-plot .scatterlayer .point").count()
+def _wait_for_tree(page, title_part: str = "") -> str:
+    """Wait until plotly has drawn more than 3 markers in the tree plot (plotly.js loads
+    lazily) and its title contains ``title_part``; return the title."""
+    page.wait_for_function(
+        "([part]) => document.querySelectorAll('#tree-plot .point').length > 3 && "
+        "(document.querySelector('#tree-plot .gtitle')?.textContent || '').includes(part)", arg=[title_part])
+    return page.locator("#tree-plot .gtitle").text_content()
 
 
 @pytest.mark.skipif(not shutil.which(CHROMIUM) and not os.path.exists(CHROMIUM), reason="chromium not installed")
@@ -55,7 +59,7 @@ def test_browser_generate_replay_stop_and_traces(url, tmp_path):
         page.locator("#generate-btn").click()
         expect(page.locator("#token-stream .tok").first).to_be_visible()
         expect(page.locator("#speedup")).to_contain_text(re.compile(r"\d\.\d\d×"), timeout=240_000)
-        assert _tree_nodes(page) > 3
+        last_title = _wait_for_tree(page)
         expect(page.locator("#token-stream .tok.draft").first).to_be_visible()
         page.screenshot(path=str(ARTEFACTS / "browser-after-generate.png"), full_page=True)
 
@@ -66,15 +70,16 @@ def test_browser_generate_replay_stop_and_traces(url, tmp_path):
         box.press("Enter")
         expect(page.locator("#phases")).to_contain_text("Step 0")
         assert page.locator("#phases").inner_text() != before
+        assert _wait_for_tree(page, "step 0:") != last_title
         expect(page.locator("#token-stream .step.current")).to_have_count(1)
 
         # Download the trace, load it back.
+        page.get_by_role("tab", name="Traces").click()
         with page.expect_download() as info:
             page.locator("#trace-download").click()
         trace = tmp_path / "trace.json"
         info.value.save_as(trace)
         assert trace.stat().st_size > 100
-        page.get_by_role("tab", name="Traces").click()
         page.locator("#trace-upload input[type=file]").set_input_files(str(trace))
         expect(page.locator("#status")).to_contain_text("replaying uploaded trace")
 

@@ -136,7 +136,7 @@ def build_demo(ctx: AppContext, demos: dict[str, str] | None = None) -> gr.Block
     default_method = DEFAULTS["method"] if ctx.has_head else "vanilla"
     with gr.Blocks(title="EAGLE Lens", delete_cache=(3600, 3600)) as demo:
         session = gr.State(Session(), time_to_live=cfg.session_ttl_s, delete_callback=close_session)
-        gr.Markdown("# 🦅 EAGLE Lens — watch speculative decoding think\n" + ctx.model_note)
+        gr.Markdown("# EAGLE Lens — watch speculative decoding think\n" + ctx.model_note)
         if ctx.head_missing:
             gr.Markdown(f"⚠️ {ctx.head_missing}", elem_id="head-warning")
         with gr.Row():
