@@ -78,7 +78,8 @@ def test_stop_frees_the_worker(server):
     r = _loadtest().stop_latency(server, dict(prompt=PROMPTS[2], method="dynamic", max_new_tokens=120,
                                               temperature=0.0, **FAST))
     assert r["next_ok"]
-    assert r["updates_before_stop"] < 40          # it really was stopped mid-generation
+    steps = int(r["stopped_status"].split("stopped after ")[1].split()[0])
+    assert 0 < steps < 100                        # it really was stopped mid-generation
     assert r["worker_free_s"] < 60                # generous: the machine is shared; see the note for numbers
 
 

@@ -98,7 +98,7 @@ def build_demo(ctx: AppContext, demos: dict[str, str] | None = None) -> gr.Block
         raw = dict(prompt=prompt, method=method, max_new_tokens=max_new_tokens, temperature=temperature,
                    top_p=top_p, seed=seed, depth=depth, top_k=top_k, total_tokens=total_tokens,
                    tau_high=tau_high, tau_low=tau_low, min_confidence=min_confidence)
-        yield from _stream(handlers.generate(ctx, session, step_mode=bool(step_mode), **raw), RUN_VIEWS)
+        yield from _stream(handlers.generate(ctx, session, step_mode=step_mode, **raw), RUN_VIEWS)
 
     @gpu
     def next_step(session: Session):
@@ -219,7 +219,9 @@ def build_demo(ctx: AppContext, demos: dict[str, str] | None = None) -> gr.Block
                        calibration_plot, per_step_plot, download]
         settings = [prompt, method, max_new_tokens, temperature, top_p, seed, depth, top_k, total_tokens,
                     tau_high, tau_low, min_confidence]
-        engine_events = dict(concurrency_limit=1, concurrency_id=ENGINE)
+        # preprocess=False: the raw JSON values reach the handlers, whose own validation names
+        # the parameter and its range in every message (the components' checks would not).
+        engine_events = dict(concurrency_limit=1, concurrency_id=ENGINE, preprocess=False)
         gen_event = generate_btn.click(generate, settings + [step_mode, session], run_outputs,
                                        api_name="generate", **engine_events)
         submit_event = prompt.submit(generate, settings + [step_mode, session], run_outputs,
@@ -230,9 +232,9 @@ def build_demo(ctx: AppContext, demos: dict[str, str] | None = None) -> gr.Block
         stop_btn.click(stop, [session], run_outputs, api_name="stop",
                        cancels=[gen_event, submit_event, step_event, explore_event])
         slider.input(replay, [session, slider], [stream, tree_plot, phases], api_name="replay",
-                     trigger_mode="always_last")
+                     trigger_mode="always_last", preprocess=False)
         upload.upload(load_trace, [session, upload], run_outputs, api_name="load_trace")
-        demo_btn.click(load_demo, [session, demo_choice], run_outputs, api_name="load_demo")
+        demo_btn.click(load_demo, [session, demo_choice], run_outputs, api_name="load_demo", preprocess=False)
         demo.load(first_demo, [session], run_outputs, api_visibility="private")
     demo.queue(max_size=cfg.queue_size, default_concurrency_limit=4)
     return demo

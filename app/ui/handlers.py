@@ -189,6 +189,8 @@ def generate(ctx: AppContext, session: Session, step_mode: bool = False, **raw):
     """Generate: stream the EAGLE run, then race vanilla. Closing this generator (Stop, a
     closed tab) closes the engine's iterator, which ends generation after the current step."""
     request = parse(ctx, raw)
+    if not isinstance(step_mode, bool):
+        raise ValueError(f"step_mode must be true or false, got {step_mode!r}")
     events = ctx.engine.generate(request.prompt, tree=request.tree, sampling=request.sampling,
                                  max_new_tokens=request.max_new_tokens)
     session.start(request.settings(), _model_info(ctx))
