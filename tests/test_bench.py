@@ -43,7 +43,7 @@ def test_bench_cli_end_to_end(tiny_folders, tmp_path, capsys, monkeypatch):
     out = tmp_path / "out"
     monkeypatch.setattr(tiny_suites(tmp_path / "eval"), "EVAL_DIR", tmp_path / "eval")
     rc = app_main(["bench", "--quick", "--suite", "alpha,beta", "--max-new-tokens", "8",
-                   "--methods", "hf,hf-pld,vanilla,dynamic,dynamic:8/2/2", "--warmup-tokens", "2",
+                   "--methods", "hf,hf-pld,hf-fp32,vanilla,dynamic,dynamic:8/2/2", "--warmup-tokens", "2",
                    "--total-tokens", "12", "--depth", "3", "--top-k", "4",
                    "--base-model", str(tiny_folders / "target"), "--draft-model", str(tiny_folders / "head"),
                    "--device", "cpu", "--out", str(out), "--plotly-js", "cdn"])
@@ -52,9 +52,10 @@ def test_bench_cli_end_to_end(tiny_folders, tmp_path, capsys, monkeypatch):
     doc = json.loads((out / "results.json").read_text())
     md = (out / "results.md").read_text()
     assert md.strip() == stdout.strip()
+    assert "× hf-fp32" in md
     assert (out / "plots.html").stat().st_size > 1000
 
-    labels = ["hf", "hf-pld", "vanilla", "dynamic", "dynamic:8/2/2"]
+    labels = ["hf", "hf-pld", "hf-fp32", "vanilla", "dynamic", "dynamic:8/2/2"]
     assert list(doc["summary"]) == ["alpha", "beta", "all"]
     assert len(doc["runs"]) == 2 * 2 * len(labels)       # 2 suites x 2 prompts x methods
     for suite, table in doc["summary"].items():

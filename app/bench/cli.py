@@ -21,7 +21,7 @@ from pathlib import Path
 from app.bench.prompts import load_suite, parse_suites
 from app.bench.runners import ALL_METHODS, parse_methods, run_one
 
-DEFAULT_METHODS = ",".join(ALL_METHODS)
+DEFAULT_METHODS = ",".join(m for m in ALL_METHODS if m != "hf-fp32")
 QUICK = {"suite": "mt_bench", "limit": 2, "max_new_tokens": 32, "methods": "hf,vanilla,dynamic", "warmup_tokens": 8}
 DEFAULTS = {"suite": "mt_bench", "limit": 10, "max_new_tokens": 256, "methods": DEFAULT_METHODS, "warmup_tokens": 16}
 
@@ -134,11 +134,20 @@ def run_benchmark(engine, args, suites, specs, sampling) -> int:
             auto_text = f"{spec.label}: {choice.summary()}"
             print(f"[bench] {auto_text}", file=sys.stderr, flush=True)
 
+    fp32_target = None
+    if any(s.method == "hf-fp32" for s in specs):
+        if engine.target.dtype == torch.float32:
+            fp32_target = engine.target
+        else:
+            from app.engine.loading import load_target
+
+            fp32_target = load_target(args.base_model, device=args.device, dtype="float32")
+
     # warm-up: one short run per method (first prompt), so lazy init and allocator growth
     # are not charged to the first timed prompt
     warm_ids = engine.encode_prompt(prompts[0].text)
     for spec in specs:
-        run_one(engine, spec, "warmup", -1, warm_ids, sampling, args.warmup_tokens)
+        run_one(engine, spec, "warmup", -1, warm_ids, sampling, args.warmup_tokens, fp32_target)
 
     records = []
     bar = tqdm(total=len(prompts) * len(specs), desc="bench", unit="run", file=sys.stderr, dynamic_ncols=True)
@@ -147,7 +156,8 @@ def run_benchmark(engine, args, suites, specs, sampling) -> int:
         order = specs[i % len(specs):] + specs[: i % len(specs)]   # rotate: no method always runs first
         for spec in order:
             bar.set_postfix_str(f"{prompt.suite} #{prompt.question_id} {spec.label}")
-            rec = run_one(engine, spec, prompt.suite, prompt.question_id, ids, sampling, args.max_new_tokens)
+            rec = run_one(engine, spec, prompt.suite, prompt.question_id, ids, sampling, args.max_new_tokens,
+                          fp32_target)
             records.append(rec)
             bar.update(1)
     bar.close()

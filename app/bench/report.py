@@ -72,7 +72,7 @@ def aggregate(records: list[RunRecord], specs: list[MethodSpec], greedy: bool) -
             if runs:
                 table[spec.label] = method_stats(runs, spec, vanilla)
         for stats in table.values():
-            for ref in ("hf", "vanilla"):
+            for ref in ("hf", "vanilla", "hf-fp32"):
                 base = table.get(ref)
                 stats[f"speedup_{ref}"] = _ratio(stats["tokens_per_s"], base["tokens_per_s"]) if base else None
         out[suite] = table
@@ -129,6 +129,9 @@ def markdown_report(summary: dict, meta: dict) -> str:
         lines.append(f"- {meta['auto_tree']}")
     for suite, table in summary.items():
         lines += ["", f"## {suite}", "", markdown_table(table)]
+        if "hf-fp32" in table:
+            lines += ["", "× hf-fp32 (plain generate in float32): " + ", ".join(
+                f"{label} {_f(s['speedup_hf-fp32'])}" for label, s in table.items())]
     lines += ["", LEGEND, ""]
     return "\n".join(lines)
 

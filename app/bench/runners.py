@@ -22,7 +22,9 @@ import torch
 
 from app.engine.config import METHODS, SamplingConfig, TreeConfig
 
-HF_METHODS = ("hf", "hf-pld")
+# hf-fp32: plain generate on a float32 copy of the target, the reference when the engine runs
+# in bf16 (issue 5 asks for the ratio to both the same-dtype and the float32 hf).
+HF_METHODS = ("hf", "hf-pld", "hf-fp32")
 ALL_METHODS = HF_METHODS + METHODS
 PLD_TOKENS = 10   # prompt_lookup_num_tokens for hf-pld (transformers' documented example value)
 
@@ -193,7 +195,10 @@ def run_engine(engine, spec: MethodSpec, suite: str, qid, prompt_ids: list[int],
                      if t.uses_draft else None)
 
 
-def run_one(engine, spec: MethodSpec, suite: str, qid, prompt_ids, sampling, max_new_tokens) -> RunRecord:
+def run_one(engine, spec: MethodSpec, suite: str, qid, prompt_ids, sampling, max_new_tokens,
+            fp32_target=None) -> RunRecord:
+    if spec.method == "hf-fp32":
+        return run_hf(fp32_target or engine.target, spec, suite, qid, prompt_ids, sampling, max_new_tokens)
     if spec.is_hf:
         return run_hf(engine.target, spec, suite, qid, prompt_ids, sampling, max_new_tokens)
     return run_engine(engine, spec, suite, qid, prompt_ids, sampling, max_new_tokens)
