@@ -24,9 +24,12 @@ def tiny_tokenizer(vocab: int = VOCAB) -> PreTrainedTokenizerFast:
 
 
 def tiny_target(seed: int = 0, vocab: int = VOCAB, hidden: int = 64, layers: int = 2,
-                eos: int | None = EOS, peaky: float = 4.0) -> Target:
+                eos: int | None = EOS, peaky: float = 4.0, attn_scale: float = 0.3) -> Target:
     """A random Llama. ``peaky`` scales the LM head so the distributions are far from
-    uniform (a random model otherwise has near-ties everywhere, which tests nothing)."""
+    uniform (a random model otherwise has near-ties everywhere, which tests nothing);
+    ``attn_scale`` damps attention so the next token depends mostly on the current one,
+    which a one-layer head can learn in seconds (attention still matters: the tree-mask
+    tests compare logits exactly)."""
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
                       num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
@@ -36,6 +39,8 @@ def tiny_target(seed: int = 0, vocab: int = VOCAB, hidden: int = 64, layers: int
     model = LlamaForCausalLM(cfg).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(peaky)
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.mul_(attn_scale)
     model.generation_config.eos_token_id = eos
     model.generation_config.pad_token_id = 0
     model.requires_grad_(False)
@@ -48,7 +53,7 @@ def random_head(target: Target, seed: int = 0) -> DraftHead:
     return DraftHead(head_config_for(target.model.config)).eval()
 
 
-def trained_head(target: Target, seed: int = 0, steps: int = 150, seqs: int = 16, length: int = 48) -> DraftHead:
+def trained_head(target: Target, seed: int = 0, steps: int = 300, seqs: int = 32, length: int = 48) -> DraftHead:
     """A head fitted for a few seconds to the target's greedy continuations (EAGLE's loss:
     feature regression + cross-entropy through the frozen LM head)."""
     g = torch.Generator().manual_seed(seed)

@@ -1,0 +1,89 @@
+"""The official EAGLE checkpoint layout round-trips, and loading is strict."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from app.engine.draft_head import DraftHead, head_config_for
+from app.engine.loading import load_draft_head
+
+OFFICIAL_KEYS = {
+    "fc.weight", "fc.bias",
+    "layers.0.self_attn.q_proj.weight", "layers.0.self_attn.k_proj.weight",
+    "layers.0.self_attn.v_proj.weight", "layers.0.self_attn.o_proj.weight",
+    "layers.0.mlp.gate_proj.weight", "layers.0.mlp.up_proj.weight", "layers.0.mlp.down_proj.weight",
+    "layers.0.post_attention_layernorm.weight",
+}
+
+
+def saved_head(tiny, tmp_path):
+    target, head = tiny
+    head.save(tmp_path)
+    return target, head
+
+
+def test_layout_and_round_trip(tiny, tmp_path):
+    target, head = saved_head(tiny, tmp_path)
+    assert set(load_file(tmp_path / "model.safetensors")) == OFFICIAL_KEYS
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["num_hidden_layers"] == 1 and config["bias"] is True
+    loaded = load_draft_head(str(tmp_path), target)
+    for k, v in head.state_dict().items():
+        assert torch.equal(v, loaded.state_dict()[k])
+
+
+def test_pytorch_bin_with_embeddings_loads(tiny, tmp_path):
+    """Published heads ship pytorch_model.bin, some with their own embed_tokens."""
+    target, head = saved_head(tiny, tmp_path)
+    state = load_file(tmp_path / "model.safetensors")
+    state["embed_tokens.weight"] = target.model.get_input_embeddings().weight.clone()
+    (tmp_path / "model.safetensors").unlink()
+    torch.save(state, tmp_path / "pytorch_model.bin")
+    loaded = load_draft_head(str(tmp_path), target)
+    assert loaded.embed_tokens is not None
+
+
+@pytest.mark.parametrize("change", ["rename", "drop", "extra", "shape"])
+def test_wrong_keys_fail_loudly(tiny, tmp_path, change):
+    target, _ = saved_head(tiny, tmp_path)
+    path = tmp_path / "model.safetensors"
+    state = load_file(path)
+    if change == "rename":
+        state["layers.0.self_attn.q.weight"] = state.pop("layers.0.self_attn.q_proj.weight")
+        match = "q_proj"
+    elif change == "drop":
+        del state["layers.0.mlp.up_proj.weight"]
+        match = "missing keys.*up_proj"
+    elif change == "extra":
+        state["layers.0.input_layernorm.weight"] = torch.ones(target.model.config.hidden_size)
+        match = "unexpected keys.*input_layernorm"
+    else:
+        state["fc.weight"] = torch.zeros(3, 3)
+        match = "fc.weight has shape"
+    save_file(state, str(path))
+    with pytest.raises((KeyError, ValueError), match=match):
+        load_draft_head(str(tmp_path), target)
+
+
+def test_head_must_fit_the_target(tiny, tmp_path):
+    from tests.tiny import tiny_target
+
+    target, _ = tiny
+    other = tiny_target(0, hidden=32)
+    DraftHead(head_config_for(other.model.config)).save(tmp_path)
+    with pytest.raises(ValueError, match="hidden_size"):
+        load_draft_head(str(tmp_path), target)
+
+
+def test_missing_folder_and_files(tiny, tmp_path):
+    target, _ = tiny
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_draft_head(str(tmp_path / "nope" / "deeper"), target)
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        load_draft_head(str(tmp_path), target)
+    (tmp_path / "config.json").write_text(json.dumps(head_config_for(target.model.config).to_dict()))
+    with pytest.raises(FileNotFoundError, match="model.safetensors"):
+        load_draft_head(str(tmp_path), target)

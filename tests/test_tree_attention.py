@@ -1,0 +1,99 @@
+"""One target forward over a tree with a 4D mask equals separate forwards of each branch,
+and after commit the kept KV cache equals a fresh forward over the accepted sequence.
+Guarded on a tiny Llama and on the embedded SmolLM2 (stock transformers, SDPA)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from app.engine import kv
+from app.engine.config import SamplingConfig, TreeConfig
+from app.engine.engine import Engine
+from app.engine.tree import tree_attention_mask
+
+PARENTS = [-1, -1, 0, 0, 2, 1, 4]          # a branchy tree of 7 nodes
+
+
+def tree_forward(target, prefix_ids, root, tokens, parents):
+    """Logits (N+1, V) of [root, nodes] from one masked forward on top of a prefix cache."""
+    model = target.model
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model.model(input_ids=torch.tensor([prefix_ids]), cache=cache, use_cache=True)
+        depths = []
+        for p in parents:
+            depths.append(1 if p == -1 else depths[p] + 1)
+        n0 = len(prefix_ids)
+        mask = torch.cat([torch.ones(len(tokens) + 1, n0, dtype=torch.bool), tree_attention_mask(parents)], 1)
+        pos = torch.tensor([[n0] + [n0 + d for d in depths]])
+        h = model.model(input_ids=torch.tensor([[root] + tokens]), attention_mask=mask[None, None],
+                        position_ids=pos, cache=cache, use_cache=True).last_hidden_state
+        return model.lm_head(h[0]), cache
+
+
+def branch_logits(target, seq):
+    with torch.no_grad():
+        return target.model(torch.tensor([seq])).logits[0, -1]
+
+
+def check_tree_forward(target, prefix, root, tokens, atol):
+    logits, _ = tree_forward(target, prefix, root, tokens, PARENTS)
+    assert torch.allclose(logits[0], branch_logits(target, prefix + [root]), atol=atol)
+    for i in range(len(tokens)):
+        path, node = [], i
+        while node != -1:
+            path.append(tokens[node])
+            node = PARENTS[node]
+        seq = prefix + [root] + path[::-1]
+        assert torch.allclose(logits[i + 1], branch_logits(target, seq), atol=atol), f"node {i}"
+
+
+def test_tree_forward_equals_branch_forwards_tiny(tiny):
+    target, _ = tiny
+    check_tree_forward(target, [5, 6, 7, 8, 9, 10], 11, [20, 21, 22, 23, 24, 25, 26], atol=1e-4)
+
+
+@pytest.mark.slow
+def test_tree_forward_equals_branch_forwards_embedded(embedded_target):
+    ids = embedded_target.tokenizer("The quick brown fox jumps over the lazy dog. It")["input_ids"]
+    check_tree_forward(embedded_target, ids[:-1], ids[-1], [314, 253, 1029, 2017, 30, 411, 5229], atol=2e-3)
+
+
+def test_keep_positions_keeps_root_and_accepted_path(tiny):
+    """Gather a non-contiguous path (root, node 1, node 5) out of the tree cache and compare it
+    with a fresh forward over prefix + root + those tokens."""
+    target, _ = tiny
+    prefix, root, tokens = [5, 6, 7, 8], 11, [20, 21, 22, 23, 24, 25, 26]
+    _, cache = tree_forward(target, prefix, root, tokens, PARENTS)
+    kv.keep_positions(cache, len(prefix), [0, 2, 6])           # node 1 (parent -1), node 5 (parent 1)
+    fresh = DynamicCache(config=target.model.config)
+    with torch.no_grad():
+        target.model.model(input_ids=torch.tensor([prefix + [root, 21, 25]]), cache=fresh, use_cache=True)
+    for a, b in zip(cache.layers, fresh.layers):
+        assert a.keys.shape == b.keys.shape
+        assert torch.allclose(a.keys, b.keys, atol=1e-5) and torch.allclose(a.values, b.values, atol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["dynamic", "static", "threshold"])
+def test_cache_after_steps_equals_fresh_forward(tiny, method):
+    """Run real engine steps; the target cache must equal a fresh forward over x[:-1]."""
+    target, head = tiny
+    engine = Engine(target, head)
+    cfg = TreeConfig(method=method, depth=4, top_k=4, total_tokens=16)
+    run = engine._prefill([5, 17, 33, 90, 4], cfg, SamplingConfig())
+    generated = []
+    nonfirst = 0
+    for i in range(8):
+        ev = engine._step(run, cfg, SamplingConfig(), i, 100, generated)
+        generated += ev.new_tokens
+        nonfirst += any(s == "accepted" and d > 1 for s, d in zip(ev.tree.status, ev.tree.depths))
+    assert nonfirst > 0, "some step should accept a path deeper than one node"
+    fresh = DynamicCache(config=target.model.config)
+    with torch.no_grad():
+        target.model.model(input_ids=torch.tensor([run.tokens[:-1]]), cache=fresh, use_cache=True)
+    assert kv.cache_length(run.target_cache) == len(run.tokens) - 1
+    for a, b in zip(run.target_cache.layers, fresh.layers):
+        assert torch.allclose(a.keys, b.keys, atol=1e-4) and torch.allclose(a.values, b.values, atol=1e-4)
+    # the head's cache holds exactly the committed pairs; the rest are pending
+    assert kv.cache_length(run.draft_cache) + len(run.pending_tokens) == len(run.tokens) - 1
