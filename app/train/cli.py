@@ -1,0 +1,180 @@
+"""`python -m app train`: prompts -> self-distilled responses -> features -> head -> tau.
+
+Every stage is resumable: data stages skip shards that already exist, training resumes from
+its last checkpoint. ``--stage data`` interleaves generate and features shard by shard, so
+that whatever has finished when the run is stopped is usable for training.
+
+Examples::
+
+    python -m app train --stage data --time-budget-min 40      # as much data as fits in 40 min
+    python -m app train --stage train --epochs 3 --ttt-steps 2 # train on all finished shards
+    python -m app train --stage eval --eval-prompts 10         # tau on mt_bench first turns
+    python -m app train                                        # everything, with the defaults
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+
+STAGES = ("prompts", "data", "train", "eval", "all")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--stage", choices=STAGES, default="all",
+                   help="one stage ('data' = responses + features, shard by shard) or 'all' (default)")
+    p.add_argument("--base-model", default=None, help="target: hub id or folder (default: the embedded model)")
+    p.add_argument("--work-dir", default=None,
+                   help="where prompts, responses, features and checkpoints go (default: cache_dir()/train/<model>)")
+    p.add_argument("--out", default=None, help="folder for the trained head (default: models/eagle-<model> for "
+                                                 "the embedded model, else <work-dir>/head)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads (1 is fastest on a shared 2-core machine: idle OpenMP threads spin)")
+    p.add_argument("--seed", type=int, default=0)
+    # data
+    p.add_argument("--num-prompts", type=int, default=4096, help="size of the prompt set")
+    p.add_argument("--shard-size", type=int, default=64, help="prompts per shard = generation batch")
+    p.add_argument("--data-dtype", default="bfloat16", choices=["float32", "bfloat16"],
+                   help="dtype of the target while answering (features are stored as float16)")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="response length cap")
+    p.add_argument("--reverse", action="store_true",
+                   help="take shards from the last one down: a second data worker next to a forward one")
+    p.add_argument("--time-budget-min", type=float, default=None,
+                   help="data stages start no new shard after this many minutes")
+    # training
+    p.add_argument("--epochs", type=float, default=2.0, help="passes over the finished shards")
+    p.add_argument("--batch-tokens", type=int, default=2048,
+                   help="padded tokens per optimiser step (the (N, vocab) loss tensors bound memory)")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--warmup-steps", type=int, default=50)
+    p.add_argument("--clip", type=float, default=0.5, help="gradient norm clip")
+    p.add_argument("--w-reg", type=float, default=1.0, help="weight of the smooth-L1 feature loss")
+    p.add_argument("--w-kl", type=float, default=0.1, help="weight of the soft cross-entropy to p")
+    p.add_argument("--noise", type=float, default=0.05, help="input-feature noise, as a fraction of feature std")
+    p.add_argument("--ttt-steps", type=int, default=1,
+                   help="training-time-test unroll: 1 = plain EAGLE-1, k = also train on k-1 own predictions")
+    p.add_argument("--fp32-lm-head", action="store_true",
+                   help="LM-head matmuls of the loss in float32 (default: bf16 autocast, faster on CPU)")
+    p.add_argument("--train-minutes", type=float, default=None, help="stop (and save) after this many minutes")
+    p.add_argument("--checkpoint-every", type=int, default=100, help="optimiser steps between checkpoints")
+    p.add_argument("--run-name", default="main", help="checkpoint folder name under <work-dir>/runs")
+    p.add_argument("--init-from", default=None, help="start training from this head folder")
+    # eval
+    p.add_argument("--eval-prompts", type=int, default=10, help="mt_bench first turns used by stage eval")
+    p.add_argument("--eval-set", default="mt_bench")
+    p.add_argument("--eval-new-tokens", type=int, default=256)
+
+
+def default_work_dir(name: str) -> Path:
+    from app.engine.loading import cache_dir
+
+    return cache_dir() / "train" / name.replace("/", "--")
+
+
+def main(args: argparse.Namespace) -> int:
+    from app.engine.loading import DEFAULT_HEAD_DIR, EMBEDDED_ALIASES, EMBEDDED_NAME
+
+    torch.set_num_threads(args.threads)
+    name = EMBEDDED_NAME if args.base_model in EMBEDDED_ALIASES else args.base_model
+    work = Path(args.work_dir) if args.work_dir else default_work_dir(name)
+    if args.out:
+        out = Path(args.out)
+    else:
+        out = DEFAULT_HEAD_DIR if args.base_model in EMBEDDED_ALIASES else work / "head"
+    work.mkdir(parents=True, exist_ok=True)
+    stages = {"all": ["prompts", "data", "train", "eval"], "data": ["prompts", "data"]}.get(
+        args.stage, [args.stage])
+    for stage in stages:
+        if stage == "prompts":
+            run_prompts(args, work)
+        elif stage == "data":
+            run_data(args, work)
+        elif stage == "train":
+            from app.train.trainer import run_training
+
+            run_training(args, work, out)
+        elif stage == "eval":
+            from app.train.evaluate import run_eval
+
+            run_eval(args, out)
+    return 0
+
+
+def run_prompts(args, work: Path) -> None:
+    from app.train.data import log
+    from app.train.prompts import build_prompts, load_prompts, save_prompts
+
+    path = work / "prompts.jsonl"
+    if path.is_file() and len(load_prompts(path)) >= args.num_prompts:
+        log(f"prompts: {path} exists, kept")
+        return
+    prompts = build_prompts(args.num_prompts, seed=args.seed)
+    save_prompts(prompts, path)
+    log(f"prompts: wrote {len(prompts)} to {path}")
+
+
+def run_data(args, work: Path) -> None:
+    """Shard by shard: the target answers the prompts and its features are recorded (float32)."""
+    from app.engine.loading import load_target
+    from app.train.data import generate_with_features, log, shard_name
+    from app.train.prompts import load_prompts
+
+    prompts = load_prompts(work / "prompts.jsonl")
+    n_shards = (len(prompts) + args.shard_size - 1) // args.shard_size
+    start = time.perf_counter()
+    target = None
+    new_tokens = 0
+    order = range(n_shards - 1, -1, -1) if args.reverse else range(n_shards)
+    for shard in order:
+        if args.time_budget_min is not None and time.perf_counter() - start > 60 * args.time_budget_min:
+            log(f"data: time budget of {args.time_budget_min} min reached before shard {shard}; rerun to continue")
+            break
+        path = work / "features" / f"{shard_name(shard)}.safetensors"
+        if path.is_file() or not claim(path):
+            continue
+        if target is None:
+            target = load_target(args.base_model, device="cpu", dtype=args.data_dtype)
+            tok = target.tokenizer
+            pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+        t0 = time.perf_counter()
+        batch = prompts[shard * args.shard_size:(shard + 1) * args.shard_size]
+        fs = generate_with_features(target.model, tok, batch, shard, args.max_new_tokens, args.seed,
+                                    target.eos_ids, pad)
+        fs.save(path)
+        release(path)
+        n = int(fs.tokens.numel() - fs.prompt_lens.sum())
+        new_tokens += n
+        log(f"data {shard_name(shard)}: {len(fs)} answers ({fs.mode}), {n} response tokens, "
+            f"{n / (time.perf_counter() - t0):.0f} tok/s")
+    log(f"data: stopped after {(time.perf_counter() - start) / 60:.1f} min, {new_tokens} new response tokens")
+
+
+def claim(path: Path) -> bool:
+    """Claim a shard for this process (a lock file holding our pid), so that several data
+    workers can share the work. A lock whose process is gone is stale and taken over."""
+    import os
+
+    lock = path.with_name(path.name + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        try:
+            pid = int(lock.read_text() or 0)
+            os.kill(pid, 0)           # raises if that process no longer exists
+            return pid == os.getpid()
+        except PermissionError:       # alive, owned by another user
+            return False
+        except (ValueError, ProcessLookupError, FileNotFoundError):
+            lock.unlink(missing_ok=True)
+            return claim(path)
+    with os.fdopen(fd, "w") as f:
+        f.write(str(os.getpid()))
+    return True
+
+
+def release(path: Path) -> None:
+    path.with_name(path.name + ".lock").unlink(missing_ok=True)

@@ -1,0 +1,57 @@
+"""Stage *eval*: the head's mean accepted length tau on evaluation prompts, with the engine.
+
+tau = new tokens per target forward, bonus included (EAGLE's "average acceptance length").
+Acceptance by depth d pools all steps of all prompts: of the steps whose accepted path
+reached depth d-1, the fraction that also accepted a token at depth d.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from app.engine.config import SamplingConfig, TreeConfig
+from app.train.data import log
+from app.train.prompts import EVAL_DIR
+
+
+def first_turns(name: str, n: int | None, eval_dir: Path = EVAL_DIR) -> list[str]:
+    rows = [json.loads(line) for line in (Path(eval_dir) / f"{name}.jsonl").read_text().splitlines() if line.strip()]
+    return [r["turns"][0] for r in rows[:n]]
+
+
+def measure_tau(engine, prompts: list[str], tree: TreeConfig, sampling: SamplingConfig,
+                max_new_tokens: int) -> dict:
+    """Run the engine on each prompt; pooled tau and acceptance by depth."""
+    accepted_lengths: list[int] = []
+    new_tokens = forwards = 0
+    seconds = 0.0
+    for prompt in prompts:
+        for event in engine.generate(prompt, tree=tree, sampling=sampling, max_new_tokens=max_new_tokens):
+            if getattr(event, "type", None) == "summary":
+                new_tokens += event.new_tokens
+                forwards += event.target_forwards
+                seconds += event.seconds
+            else:
+                accepted_lengths.append(len(event.accepted))
+    reached = [len(accepted_lengths)] + [sum(a >= d for a in accepted_lengths) for d in range(1, tree.depth + 1)]
+    by_depth = [reached[d] / reached[d - 1] if reached[d - 1] else 0.0 for d in range(1, tree.depth + 1)]
+    return {"prompts": len(prompts), "tau": new_tokens / max(1, forwards), "accepted_by_depth": by_depth,
+            "new_tokens": new_tokens, "target_forwards": forwards, "tokens_per_s": new_tokens / max(seconds, 1e-9)}
+
+
+def run_eval(args, head_dir: Path) -> dict:
+    from app.engine.engine import Engine
+    from app.engine.loading import load_draft_head, load_target
+
+    target = load_target(args.base_model, device="cpu", dtype="float32")
+    head = load_draft_head(str(head_dir), target)
+    engine = Engine(target, head)
+    tree = TreeConfig(method="dynamic", depth=5, top_k=10, total_tokens=60)
+    prompts = first_turns(args.eval_set, args.eval_prompts)
+    t0 = time.perf_counter()
+    result = measure_tau(engine, prompts, tree, SamplingConfig(temperature=0.0), args.eval_new_tokens)
+    result.update({"set": args.eval_set, "tree": "dynamic total_tokens=60 depth=5 top_k=10", "greedy": True,
+                   "max_new_tokens": args.eval_new_tokens, "wall_s": time.perf_counter() - t0})
+    log(f"eval: {json.dumps(result)}")
+    return result

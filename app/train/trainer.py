@@ -1,0 +1,322 @@
+"""Training the EAGLE draft head on stored target features.
+
+Notation (EAGLE, 2401.15077): a conversation is tokens x[0..T-1] with target features
+f[0..T-1] (last hidden state after the final norm). The head reads (f[j], emb(x[j+1])) at
+position j and predicts f̂[j+1]; the target's frozen LM head turns f̂[j+1] into the draft
+distribution q over x[j+2], and turns the true f[j+1] into the target's distribution p.
+
+Loss per predicted position (EAGLE-1's recipe, with a soft classification target):
+
+    L = w_reg * SmoothL1(f̂[j+1], f[j+1])  +  w_kl * CE(p, q)      CE(p, q) = -Σ_v p(v) log q(v)
+
+CE(p, q) equals KL(p || q) plus the constant entropy of p; soft targets teach the head the
+target's whole distribution, which both the tree (top-k branches) and sampled acceptance
+use, instead of only its argmax.
+
+Input features get Gaussian noise (std = ``noise`` × the features' own std): at inference
+the head reads its *own* imperfect predictions after depth 1, so EAGLE trains it to tolerate
+perturbed inputs.
+
+Training-time test (EAGLE-3, 2503.01840), ``ttt_steps = k > 1``: the head is unrolled k
+times; at step s it reads at position i its own step-(s-1) prediction of f[i] in place of
+f[i], exactly as when it drafts at depth s. Its attention must see what it would see then:
+true-feature keys up to position i-(s-1) (the committed context) and, for each earlier step
+t in 2..s, the single key of step t at position i-(s-t) (the drafted ancestors). We feed the
+steps concatenated along time, (B, s·L), with that block mask (``ttt_mask``).
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from app.train.data import FeatureShard, log
+
+
+# --- data ----------------------------------------------------------------------------------
+
+class FeatureDataset:
+    """All conversations of a list of feature shards, held in memory as stored (float16)."""
+
+    def __init__(self, paths: list[Path]):
+        if not paths:
+            raise FileNotFoundError("no feature shards to train on: run `python -m app train --stage data` first")
+        self.paths = [Path(p) for p in paths]
+        self.shards = [FeatureShard.load(p) for p in self.paths]
+        self.index = [(si, s) for si, sh in enumerate(self.shards) for s in range(len(sh))]
+        self.lengths = torch.tensor([int(self.shards[si].offsets[s + 1] - self.shards[si].offsets[s])
+                                     for si, s in self.index])
+        sample = torch.cat([sh.features[:2048].float() for sh in self.shards[:8]])
+        self.feature_std = float(sample.std())
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.lengths.sum())
+
+    def batches(self, epoch: int, seed: int, batch_tokens: int) -> list[list[int]]:
+        """The epoch's batches: a seeded shuffle, then conversations of similar length grouped
+        (sorted within windows of 64) so that padding stays small, each batch holding at most
+        ``batch_tokens`` padded tokens; the batch order is shuffled again."""
+        g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+        perm = torch.randperm(len(self), generator=g).tolist()
+        out: list[list[int]] = []
+        for w in range(0, len(perm), 64):
+            window = sorted(perm[w:w + 64], key=lambda k: int(self.lengths[k]))
+            cur: list[int] = []
+            for k in window:
+                longest = max([int(self.lengths[c]) for c in cur] + [int(self.lengths[k])])
+                if cur and (len(cur) + 1) * longest > batch_tokens:
+                    out.append(cur)
+                    cur = []
+                cur.append(k)
+            if cur:
+                out.append(cur)
+        order = torch.randperm(len(out), generator=g).tolist()
+        return [out[i] for i in order]
+
+    def collate(self, items: list[int]) -> dict[str, torch.Tensor]:
+        """Right-padded batch: tokens (B, T), features (B, T, H) float32, lengths, prompt_lens (B,)."""
+        convs = [self.shards[self.index[k][0]].conversation(self.index[k][1]) for k in items]
+        T = max(c[0].numel() for c in convs)
+        H = convs[0][1].shape[-1]
+        tokens = torch.zeros((len(convs), T), dtype=torch.long)
+        feats = torch.zeros((len(convs), T, H))
+        for i, (tok, f, _) in enumerate(convs):
+            tokens[i, :tok.numel()] = tok
+            feats[i, :tok.numel()] = f
+        return {"tokens": tokens, "features": feats,
+                "lengths": torch.tensor([c[0].numel() for c in convs]),
+                "prompt_lens": torch.tensor([c[2] for c in convs])}
+
+
+# --- the loss --------------------------------------------------------------------------------
+
+@dataclass
+class LossConfig:
+    w_reg: float = 1.0       # smooth-L1 feature regression
+    w_kl: float = 0.1        # soft cross-entropy to the target's p (EAGLE uses 0.1 for its CE term)
+    noise: float = 0.05      # input-feature noise std, as a fraction of the features' std
+    ttt_steps: int = 1       # 1 = EAGLE-1; k > 1 = EAGLE-3 training-time test unrolled k steps
+    ttt_decay: float = 0.8   # weight of unroll step s is ttt_decay ** (s - 1)
+    lm_head_bf16: bool = False  # LM-head matmuls in bf16 (CPU autocast): ~1.6x faster here
+
+
+def _lm_precision(cfg: "LossConfig"):
+    """bf16 autocast around the (N, H) x (H, V) LM-head matmuls, the bulk of the training cost
+    (V = 49k for SmolLM2 against H = 576); softmax and losses stay in float32."""
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.lm_head_bf16)
+
+
+def ttt_mask(steps: int, length: int) -> torch.Tensor:
+    """(steps·L, steps·L) bool, True = may attend, for the head unrolled ``steps`` times.
+
+    Query (step s, position i) sees step-1 keys at positions m <= i - (s-1) and, for
+    2 <= t <= s, the step-t key at position i - (s-t). For steps = 1 this is the causal mask.
+    """
+    i = torch.arange(length)
+    blocks = []
+    for s in range(1, steps + 1):
+        row = []
+        for t in range(1, steps + 1):
+            if t == 1:
+                row.append(i[None, :] <= i[:, None] - (s - 1))        # (L, L): key m <= i-(s-1)
+            elif t <= s:
+                row.append(i[None, :] == i[:, None] - (s - t))        # one key per query
+            else:
+                row.append(torch.zeros(length, length, dtype=torch.bool))
+        blocks.append(torch.cat(row, 1))
+    return torch.cat(blocks, 0)
+
+
+def head_loss(head, lm_head, embedding, batch: dict[str, torch.Tensor], cfg: LossConfig,
+              feature_std: float, g: torch.Generator | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """The training loss of one batch and its parts (per unroll step) for logging.
+
+    Shapes: B conversations, T tokens, L = T - 1 head positions, H hidden, V vocabulary.
+    """
+    tokens, f = batch["tokens"], batch["features"]                    # (B, T), (B, T, H)
+    B, T, H = f.shape
+    L = T - 1
+    pos = torch.arange(L)[None].expand(B, L)                           # (B, L) position j
+    emb = embedding(tokens[:, 1:])                                     # (B, L, H) emb(x[j+1])
+    target = f[:, 1:]                                                  # (B, L, H) f[j+1]
+    j = torch.arange(L)[None]
+    real = j + 1 < batch["lengths"][:, None]                           # (B, L) f[j+1] exists
+    f_in = f[:, :-1]                                                   # (B, L, H) f[j]
+    if cfg.noise > 0:
+        f_in = f_in + torch.randn(f_in.shape, generator=g) * (cfg.noise * feature_std)
+
+    total = torch.zeros(())
+    stats: dict[str, float] = {}
+    inputs: list[torch.Tensor] = []
+    valid1 = real & (j >= batch["prompt_lens"][:, None] - 1)            # (B, L) step-1 loss positions
+    with torch.no_grad(), _lm_precision(cfg):
+        p_all = torch.softmax(lm_head(target[valid1]).float(), -1)     # (N1, V) target p, computed once
+    for s in range(1, cfg.ttt_steps + 1):
+        # loss positions: the chain behind this prediction starts at the true feature
+        # f[j-(s-1)], which must be a committed position (>= last prompt token)
+        valid = real & (j - (s - 1) >= batch["prompt_lens"][:, None] - 1)   # (B, L), within valid1
+        inputs.append(f_in)
+        feats_cat = torch.cat(inputs, 1)                               # (B, s·L, H)
+        emb_cat = emb.repeat(1, s, 1)                                  # (B, s·L, H)
+        pos_cat = pos.repeat(1, s)                                     # (B, s·L)
+        mask = None if s == 1 else ttt_mask(s, L)[None, None].expand(B, 1, s * L, s * L)
+        pred = head(emb_cat, feats_cat, pos_cat, mask)[:, -L:]         # (B, L, H) this step's f̂[j+1]
+        if not bool(valid.any()):
+            break
+        pv, tv = pred[valid], target[valid]                            # (N, H)
+        p = p_all[valid[valid1]]                                       # (N, V)
+        reg = F.smooth_l1_loss(pv, tv)
+        with _lm_precision(cfg):
+            logits_q = lm_head(pv).float()                             # (N, V) draft logits
+        ce = F.cross_entropy(logits_q, p)                              # soft targets: -Σ p log q
+        weight = cfg.ttt_decay ** (s - 1)
+        total = total + weight * (cfg.w_reg * reg + cfg.w_kl * ce)
+        with torch.no_grad():
+            acc = (logits_q.argmax(-1) == p.argmax(-1)).float().mean()    # top-1 agreement
+            entropy = -(p * torch.log(p.clamp_min(1e-30))).sum(-1).mean()   # H(p): CE - H(p) = KL
+        stats.update({f"reg{s}": reg.item(), f"kl{s}": (ce - entropy).item(), f"acc{s}": acc.item()})
+        # next step reads f̂[j] at position j: this step's prediction shifted right by one
+        f_in = torch.cat([torch.zeros_like(pred[:, :1]), pred[:, :-1]], 1)  # (B, L, H)
+    stats["loss"] = total.item()
+    return total, stats
+
+
+# --- the loop ------------------------------------------------------------------------------
+
+def lr_at(step: int, total: int, lr: float, warmup: int) -> float:
+    """Linear warm-up, then cosine decay to 10 % of the peak."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    frac = min(1.0, (step - warmup) / max(1, total - warmup))
+    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+@dataclass
+class TrainConfig:
+    epochs: float = 2.0
+    batch_tokens: int = 2048
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    warmup_steps: int = 50
+    clip: float = 0.5
+    seed: int = 0
+    checkpoint_every: int = 100
+    max_minutes: float | None = None
+    stop_at_step: int | None = None   # stop (and checkpoint) here, as an interruption would
+
+
+def train(head, target_model, data: FeatureDataset, run_dir: Path, loss_cfg: LossConfig,
+          cfg: TrainConfig, progress: bool = True) -> dict:
+    """Train ``head`` in place, checkpointing to ``run_dir`` (and resuming from it).
+
+    A checkpoint holds head, optimiser, step, the feature shards it was started on, and the
+    noise generator's state, so a resumed run continues with the very next batch.
+    Returns the final state summary (step, epoch, recent losses, seconds).
+    """
+    from tqdm import tqdm
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lm_head = target_model.get_output_embeddings()
+    embedding = target_model.get_input_embeddings()
+    opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    g = torch.Generator().manual_seed(cfg.seed)
+    per_epoch = len(data.batches(0, cfg.seed, cfg.batch_tokens))
+    total_steps = max(1, int(round(cfg.epochs * per_epoch)))
+    state = {"step": 0, "seconds": 0.0, "history": []}
+    ckpt = run_dir / "checkpoint.pt"
+    if ckpt.is_file():
+        saved = torch.load(ckpt, map_location="cpu", weights_only=False)
+        if [str(p) for p in saved["shards"]] != [str(p) for p in data.paths]:
+            raise ValueError(f"checkpoint {ckpt} was trained on other feature shards; "
+                             "use a new --run-name (and --init-from) to train on more data")
+        head.load_state_dict(saved["head"], strict=True)
+        opt.load_state_dict(saved["optimizer"])
+        g.set_state(saved["generator"])
+        state = saved["state"]
+        log(f"train: resumed {ckpt} at step {state['step']} of {total_steps}")
+
+    def save() -> None:
+        tmp = ckpt.with_name("checkpoint.pt.tmp")
+        torch.save({"head": head.state_dict(), "optimizer": opt.state_dict(), "generator": g.get_state(),
+                    "state": state, "shards": [str(p) for p in data.paths],
+                    "loss_config": loss_cfg.__dict__, "train_config": cfg.__dict__}, tmp)
+        tmp.rename(ckpt)
+
+    head.train()
+    start_step, t_start = state["step"], time.perf_counter()
+    seconds_before = state["seconds"]
+    bar = tqdm(total=total_steps, initial=start_step, disable=not progress, dynamic_ncols=True,
+               mininterval=5, desc="train")
+    recent: list[dict] = []
+    while state["step"] < total_steps:
+        epoch, k = divmod(state["step"], per_epoch)
+        batch_ids = data.batches(epoch, cfg.seed, cfg.batch_tokens)[k]
+        for group in opt.param_groups:
+            group["lr"] = lr_at(state["step"], total_steps, cfg.lr, cfg.warmup_steps)
+        loss, stats = head_loss(head, lm_head, embedding, data.collate(batch_ids), loss_cfg,
+                                data.feature_std, g)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.clip)
+        opt.step()
+        state["step"] += 1
+        state["seconds"] = seconds_before + time.perf_counter() - t_start
+        recent = (recent + [stats])[-50:]
+        bar.update(1)
+        bar.set_postfix({key: f"{sum(r.get(key, 0.0) for r in recent) / len(recent):.3f}"
+                         for key in ("loss", "reg1", "kl1", "acc1", "acc2") if key in stats})
+        if state["step"] % 10 == 0:
+            state["history"].append({"step": state["step"], "epoch": epoch, **{
+                key: sum(r.get(key, 0.0) for r in recent) / len(recent) for key in stats}})
+        out_of_time = (cfg.max_minutes is not None and time.perf_counter() - t_start > 60 * cfg.max_minutes) \
+            or (cfg.stop_at_step is not None and state["step"] >= cfg.stop_at_step)
+        if state["step"] % cfg.checkpoint_every == 0 or state["step"] == total_steps or out_of_time:
+            save()
+        if out_of_time:
+            log(f"train: stopped at step {state['step']} of {total_steps} (time or step limit); rerun to resume")
+            break
+    bar.close()
+    head.eval()
+    return state
+
+
+def run_training(args, work: Path, out: Path) -> dict:
+    """Stage *train* of the CLI: train on every finished feature shard, save the head to ``out``."""
+    from app.engine.draft_head import DraftHead, head_config_for
+    from app.engine.loading import load_target
+
+    target = load_target(args.base_model, device="cpu", dtype="float32")
+    run_dir = work / "runs" / args.run_name
+    shards_file = run_dir / "shards.json"
+    if shards_file.is_file():  # a resumed run keeps the shards it started with
+        paths = [Path(p) for p in json.loads(shards_file.read_text())]
+    else:
+        paths = sorted((work / "features").glob("shard_*.safetensors"))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        shards_file.write_text(json.dumps([str(p) for p in paths], indent=1))
+    data = FeatureDataset(paths)
+    log(f"train: {len(data)} conversations, {data.num_tokens} tokens in {len(paths)} shards, "
+        f"feature std {data.feature_std:.3f}")
+    torch.manual_seed(args.seed)  # the head's initial weights (nn.Linear's own initialisers)
+    head = DraftHead.load(args.init_from) if args.init_from else DraftHead(head_config_for(target.model.config))
+    loss_cfg = LossConfig(w_reg=args.w_reg, w_kl=args.w_kl, noise=args.noise, ttt_steps=args.ttt_steps,
+                          lm_head_bf16=not args.fp32_lm_head)
+    cfg = TrainConfig(epochs=args.epochs, batch_tokens=args.batch_tokens, lr=args.lr,
+                      weight_decay=args.weight_decay, warmup_steps=args.warmup_steps, clip=args.clip,
+                      seed=args.seed, checkpoint_every=args.checkpoint_every, max_minutes=args.train_minutes)
+    state = train(head, target.model, data, run_dir, loss_cfg, cfg)
+    head.save(out)
+    (run_dir / "summary.json").write_text(json.dumps(
+        {"state": state, "tokens": data.num_tokens, "conversations": len(data), "shards": len(paths),
+         "loss_config": loss_cfg.__dict__, "train_config": cfg.__dict__}, indent=1))
+    log(f"train: saved head to {out} after step {state['step']} ({state['seconds'] / 60:.1f} min)")
+    return state

@@ -1,0 +1,172 @@
+"""Tests of the training pipeline (app/train): prompts, feature store, loss, resume.
+
+All on the tiny random Llama of tests/tiny.py, except the prompt-overlap checks, which use
+the real prompt generator and the real evaluation sets.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from app.engine.draft_head import DraftHead, head_config_for
+from app.train.data import FeatureShard, generate_with_features
+from app.train.prompts import EvalIndex, Prompt, build_prompts, eval_questions, ngrams, normalise
+from app.train.trainer import FeatureDataset, LossConfig, TrainConfig, head_loss, train, ttt_mask
+from tests.tiny import tiny_target
+
+
+# --- prompts ---------------------------------------------------------------------------------
+
+def _jaccard(a: set, b: set) -> float:
+    return len(a & b) / len(a | b) if a | b else 0.0
+
+
+def test_prompt_set_is_disjoint_from_every_eval_set():
+    """Brute force, independent of EvalIndex: no exact match, no trigram Jaccard >= 0.5,
+    and no eval question (of >= 4 trigrams) 80 % contained in a prompt."""
+    prompts = build_prompts(600, seed=0)  # the shipped set is build_prompts(4096, 0): same prefix
+    questions = eval_questions()
+    exact = {normalise(q) for q in questions}
+    q_grams = [ngrams(q) for q in questions]
+    for p in prompts:
+        assert normalise(p.text) not in exact, p.text
+        grams = ngrams(p.text)
+        for q, qg in zip(questions, q_grams):
+            assert _jaccard(grams, qg) < 0.5, (p.text, q)
+            if len(qg) >= 4:
+                assert len(grams & qg) / len(qg) < 0.8, (p.text, q)
+    assert len({p.category for p in prompts}) == 8
+    assert len({normalise(p.text) for p in prompts}) == len(prompts)
+
+
+def test_overlap_detector_catches_paraphrase_and_embedding():
+    questions = eval_questions()
+    index = EvalIndex(questions)
+    q = next(q for q in questions if len(q.split()) > 15)
+    words = q.split()
+    words[len(words) // 2] = "zebra"                      # one word changed
+    assert index.overlaps(" ".join(words))
+    assert index.overlaps("Please help me with this. " + q)  # pasted into a longer prompt
+    assert index.overlaps(q.upper())                       # exact after normalisation
+    assert not index.overlaps("Write a limerick about a purple giraffe who loves sourdough bread.")
+
+
+# --- feature store -------------------------------------------------------------------------
+
+def _tiny_prompts(n: int, seed: int = 0) -> list[Prompt]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        words = torch.randint(3, 256, (int(torch.randint(2, 7, (1,), generator=g)),), generator=g)
+        out.append(Prompt(id=f"t{i}", category="chat", text=" ".join(f"w{int(w)}" for w in words)))
+    return out
+
+
+def _tiny_shard(target, shard: int, n: int = 6, new_tokens: int = 24) -> FeatureShard:
+    return generate_with_features(target.model, target.tokenizer, _tiny_prompts(n, shard), shard, new_tokens,
+                                  seed=0, eos_ids=target.eos_ids, pad_id=0)
+
+
+def test_recorded_features_match_a_full_forward_and_round_trip(tmp_path):
+    """Features recorded while decoding (left-padded batch, KV cache) equal those of one
+    plain forward over each finished conversation; the shard file round-trips exactly."""
+    target = tiny_target(seed=3)
+    fs = _tiny_shard(target, shard=1)  # shard 1 decodes by sampling: varied lengths
+    assert len(fs) == 6 and fs.mode.startswith("sampled")
+    body = target.model.model
+    for s in range(len(fs)):
+        tokens, feats, prompt_len = fs.conversation(s)
+        assert 2 <= prompt_len < tokens.numel()
+        with torch.no_grad():
+            ref = body(input_ids=tokens[None]).last_hidden_state[0]
+        torch.testing.assert_close(feats, ref, atol=2e-2, rtol=2e-3)  # float16 storage
+    path = tmp_path / "shard.safetensors"
+    fs.save(path)
+    back = FeatureShard.load(path)
+    assert back.mode == fs.mode
+    for name in ("tokens", "features", "offsets", "prompt_lens"):
+        assert torch.equal(getattr(back, name), getattr(fs, name)), name
+
+
+# --- training ----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory):
+    target = tiny_target(seed=0)
+    folder = tmp_path_factory.mktemp("features")
+    paths = []
+    for shard in range(2):
+        path = folder / f"shard_{shard:05d}.safetensors"
+        _tiny_shard(target, shard, n=8, new_tokens=32).save(path)
+        paths.append(path)
+    return target, FeatureDataset(paths)
+
+
+def _head(target, seed: int = 0) -> DraftHead:
+    torch.manual_seed(seed)
+    return DraftHead(head_config_for(target.model.config))
+
+
+def test_ttt_mask_is_causal_for_one_step_and_follows_the_draft_path():
+    assert torch.equal(ttt_mask(1, 4), torch.ones(4, 4, dtype=torch.bool).tril())
+    m = ttt_mask(3, 4)                                       # (12, 12)
+    q = 2 * 4 + 3                                            # step 3, position 3
+    assert m[q, :4].tolist() == [True, True, False, False]   # committed keys 0..1
+    assert m[q, 4:8].tolist() == [False, False, True, False] # step-2 ancestor at position 2
+    assert m[q, 8:].tolist() == [False, False, False, True]  # itself
+
+
+@pytest.mark.parametrize("ttt_steps", [1, 2])
+def test_training_lowers_the_loss(tiny_data, tmp_path, ttt_steps):
+    target, data = tiny_data
+    head = _head(target)
+    cfg = LossConfig(ttt_steps=ttt_steps, noise=0.0)
+    batch = data.collate(list(range(len(data))))
+    lm_head, emb = target.model.get_output_embeddings(), target.model.get_input_embeddings()
+    with torch.no_grad():
+        _, before = head_loss(head, lm_head, emb, batch, cfg, data.feature_std)
+    train(head, target.model, data, tmp_path / "run", LossConfig(ttt_steps=ttt_steps),
+          TrainConfig(epochs=25, batch_tokens=512, lr=3e-3, warmup_steps=5), progress=False)
+    with torch.no_grad():
+        _, after = head_loss(head, lm_head, emb, batch, cfg, data.feature_std)
+    # CE to a soft p cannot fall below H(p) (high for a random model): compare reg and KL
+    for s in range(1, ttt_steps + 1):
+        assert after[f"reg{s}"] < 0.7 * before[f"reg{s}"], (s, before, after)
+        assert after[f"kl{s}"] < 0.9 * before[f"kl{s}"], (s, before, after)
+    assert after["loss"] < before["loss"]
+    assert after["acc1"] > before["acc1"] + 0.2
+
+
+def test_interrupted_training_resumes_where_it_left_off(tiny_data, tmp_path):
+    """Stopping at step 5 and rerunning gives exactly the weights of one run of 10 steps."""
+    target, data = tiny_data
+    cfg = dict(epochs=2, batch_tokens=256, lr=3e-3, warmup_steps=2, checkpoint_every=100)
+    loss_cfg = LossConfig(ttt_steps=2, noise=0.05)  # noise makes the generator state matter
+    straight = _head(target)
+    s1 = train(straight, target.model, data, tmp_path / "a", loss_cfg, TrainConfig(**cfg), progress=False)
+    interrupted = _head(target)
+    s2 = train(interrupted, target.model, data, tmp_path / "b", loss_cfg,
+               TrainConfig(**cfg, stop_at_step=5), progress=False)
+    assert s2["step"] == 5 < s1["step"]
+    resumed = _head(target, seed=99)  # different init: everything must come from the checkpoint
+    s3 = train(resumed, target.model, data, tmp_path / "b", loss_cfg, TrainConfig(**cfg), progress=False)
+    assert s3["step"] == s1["step"]
+    for (name, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_saved_head_reloads_strictly_with_identical_outputs(tiny_data, tmp_path):
+    target, data = tiny_data
+    head = _head(target, seed=4).eval()
+    head.save(tmp_path / "head")
+    back = DraftHead.load(tmp_path / "head")
+    batch = data.collate([0, 1])
+    emb = target.model.get_input_embeddings()(batch["tokens"][:, 1:])
+    pos = torch.arange(emb.shape[1])[None].expand(2, -1)
+    with torch.no_grad():
+        a = target.model.lm_head(head(emb, batch["features"][:, :-1], pos, None))
+        b = target.model.lm_head(back(emb, batch["features"][:, :-1], pos, None))
+    assert torch.equal(a, b)
+    assert not any(k.startswith("embed_tokens") for k in back.state_dict())
