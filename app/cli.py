@@ -30,6 +30,8 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-model", default=None, help="EAGLE head: hub id or folder (default: the shipped head)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
+    p.add_argument("--full-draft-vocab", action="store_true",
+                   help="let the head propose from the whole vocabulary even if it ships a reduced draft vocabulary")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -52,14 +54,19 @@ def tree_config_from(args, method: str | None = None) -> TreeConfig:
                       min_confidence=args.min_confidence)
 
 
-def build_engine(base_model=None, draft_model=None, device="auto", dtype="auto", need_head=True):
-    """Load target (and head) and wrap them in an Engine. Errors name what is wrong."""
+def build_engine(base_model=None, draft_model=None, device="auto", dtype="auto", need_head=True,
+                 full_draft_vocab=False):
+    """Load target (and head, and the head's reduced draft vocabulary if it ships one) and
+    wrap them in an Engine. Errors name what is wrong."""
     from app.engine.engine import Engine
-    from app.engine.loading import load_draft_head, load_target
+    from app.engine.loading import load_draft_head, load_draft_vocab, load_target
 
     target = load_target(base_model, device=device, dtype=dtype)
     head = load_draft_head(draft_model, target) if need_head else None
-    return Engine(target, head)
+    vocab = None
+    if head is not None and not full_draft_vocab:
+        vocab = load_draft_vocab(head.folder, target.model.config.vocab_size)
+    return Engine(target, head, draft_vocab=vocab)
 
 
 def main(args) -> int:
@@ -71,7 +78,7 @@ def main(args) -> int:
         check_prompt(args.prompt)
         check_max_new_tokens(args.max_new_tokens)
         engine = build_engine(args.base_model, args.draft_model, args.device, args.dtype,
-                              need_head=tree.uses_draft)
+                              need_head=tree.uses_draft, full_draft_vocab=args.full_draft_vocab)
         events = engine.generate(args.prompt, tree=tree, sampling=sampling,
                                  max_new_tokens=args.max_new_tokens, raw=args.raw)
     except (ValueError, FileNotFoundError, KeyError, OSError) as exc:

@@ -56,7 +56,14 @@ class _Run:
 class Engine:
     """Speculative decoding with an EAGLE head over a stock transformers causal LM."""
 
-    def __init__(self, target: Target, head=None, limits: GenerationLimits = GenerationLimits()):
+    def __init__(self, target: Target, head=None, limits: GenerationLimits = GenerationLimits(),
+                 draft_vocab: torch.Tensor | None = None):
+        """``draft_vocab``: optional (Vd,) token ids the head may propose (EAGLE-3's reduced
+        draft vocabulary). On a CPU the draft's LM head is memory-bound — every draft level
+        reads the whole (V, H) matrix, as many bytes as the target's attention layers — so
+        restricting it to the tokens the target actually writes makes drafting several times
+        cheaper. Verification is untouched, so output stays lossless; only acceptance can
+        drop when the target's token lies outside the set."""
         self.target = target
         self.head = head
         self.limits = limits
@@ -65,6 +72,13 @@ class Engine:
         self.lm_head = model.get_output_embeddings()
         self.embedding = model.get_input_embeddings()
         self.eos_ids = target.eos_ids
+        self.draft_vocab = None
+        if draft_vocab is not None:
+            self.draft_vocab = draft_vocab.to(device=target.device, dtype=torch.long)
+            weight = self.lm_head.weight                                   # (V, H)
+            self.draft_lm_weight = weight.index_select(0, self.draft_vocab).contiguous()  # (Vd, H)
+            bias = getattr(self.lm_head, "bias", None)
+            self.draft_lm_bias = bias.index_select(0, self.draft_vocab) if bias is not None else None
 
     # --- inputs ---------------------------------------------------------------------------
 
@@ -252,20 +266,30 @@ class Engine:
                 for row, n in enumerate(frontier):
                     node_feature[n] = feats[row]
                     node_slot[n] = length + row
-            draft_logits = self.lm_head(feats)                                                 # (F, V)
+            draft_logits = self._draft_logits(feats)                                        # (F, V or Vd)
             if sampled_chain:
-                q = verify.logits_to_probs(draft_logits, sampling)                              # (1, V)
-                tok = verify.sample(q[0], run.generator)
-                chain_q.append(q[0])
-                return [[float(q[0, tok])]], [[tok]]
+                q = verify.logits_to_probs(draft_logits, sampling)[0]                           # (V or Vd,)
+                if self.draft_vocab is not None:   # q over the full vocabulary, 0 outside the draft set
+                    q = torch.zeros(self.lm_head.weight.shape[0], device=device).index_copy_(0, self.draft_vocab, q)
+                tok = verify.sample(q, run.generator)
+                chain_q.append(q)
+                return [[float(q[tok])]], [[tok]]
             q = torch.softmax(draft_logits.float(), dim=-1)
-            top = torch.topk(q, k, dim=-1)
-            return top.values.tolist(), top.indices.tolist()
+            top = torch.topk(q, min(k, q.shape[-1]), dim=-1)
+            ids = top.indices if self.draft_vocab is None else self.draft_vocab[top.indices]
+            return top.values.tolist(), ids.tolist()
 
         tree = grow_tree(cfg, propose)
         kv.crop(cache, prefix)
         q = torch.stack(chain_q[: len(tree)]) if sampled_chain and len(tree) else None
         return tree, q
+
+    def _draft_logits(self, feats: torch.Tensor) -> torch.Tensor:
+        """(F, H) predicted features -> (F, V) logits, or (F, Vd) over the draft vocabulary."""
+        if self.draft_vocab is None:
+            return self.lm_head(feats)
+        logits = feats @ self.draft_lm_weight.T
+        return logits + self.draft_lm_bias if self.draft_lm_bias is not None else logits
 
     def _tree_record(self, root: int, tree: DraftTree, path: list[int], p: torch.Tensor) -> DraftTreeRecord:
         status = ["unreached"] * len(tree)

@@ -133,11 +133,6 @@ def embedded_model_dir(progress: bool = True) -> str:
     return str(target)
 
 
-def _looks_like_path(name: str) -> bool:
-    return name.startswith(("/", "./", "../", "~")) or os.sep in name.strip("/").split("/", 1)[0] \
-        or Path(name).expanduser().exists()
-
-
 def resolve_model_source(name: str | None) -> tuple[str, str]:
     """(where to load from, display name). Local paths must exist; hub ids are passed on."""
     if name in EMBEDDED_ALIASES:
@@ -193,9 +188,30 @@ def load_draft_head(name: str | None, target: Target):
 
     folder = resolve_head_source(name)
     head = DraftHead.load(folder, dtype=target.dtype, device=target.device)
+    head.folder = folder  # where sidecar files (draft_vocab.json) are looked up
     tc = target.model.config
     for field in ("hidden_size", "vocab_size"):
         if getattr(head.config, field) != getattr(tc, field):
             raise ValueError(f"draft head {folder} has {field} {getattr(head.config, field)}, "
                              f"the target has {getattr(tc, field)}")
     return head
+
+
+DRAFT_VOCAB_FILE = "draft_vocab.json"
+
+
+def load_draft_vocab(folder: str | Path | None, vocab_size: int) -> torch.Tensor | None:
+    """The optional reduced draft vocabulary shipped beside a head (``draft_vocab.json``:
+    {"token_ids": [...], ...}). Returns None when the folder has none."""
+    if folder is None:
+        return None
+    import json
+
+    path = Path(folder) / DRAFT_VOCAB_FILE
+    if not path.is_file():
+        return None
+    ids = json.loads(path.read_text()).get("token_ids")
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and 0 <= i < vocab_size for i in ids) \
+            or len(set(ids)) != len(ids):
+        raise ValueError(f"{path}: token_ids must be a non-empty list of distinct token ids in [0, {vocab_size})")
+    return torch.tensor(sorted(ids), dtype=torch.long)
