@@ -13,7 +13,7 @@ torch.set_num_threads(int(os.environ.get("EAGLE_LENS_TEST_THREADS", "1")))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-from tests.tiny import random_head, tiny_target, trained_head  # noqa: E402
+from tests.tiny import tiny_target, trained_head  # noqa: E402
 
 
 class _TinyModels(dict):

@@ -1,7 +1,6 @@
 """Tree policies are pure functions: checked with synthetic draft scores (property-based)."""
 from __future__ import annotations
 
-import itertools
 
 import pytest
 import torch

@@ -10,7 +10,7 @@ Two different "top-k"s exist in speculative decoding, so they get two different 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 METHODS = ("vanilla", "dynamic", "static", "chain", "threshold")
 

@@ -45,7 +45,6 @@ class _Run:
     """Everything one generation owns (never stored on the model, so runs cannot leak)."""
 
     tokens: list[int]                  # committed sequence x: prompt + generated
-    prompt_len: int
     target_cache: object               # transformers DynamicCache over x[:-1]
     draft_cache: object | None         # DynamicCache of the head, or None for vanilla
     pending_features: torch.Tensor | None  # (1, P, H) features f[j] of pairs not yet read by the head
@@ -116,8 +115,8 @@ class Engine:
                  max_new_tokens: int = 128, raw: bool = False) -> Iterator[StepEvent | RunSummary]:
         """Yield one StepEvent per target forward, then a RunSummary.
 
-        Validation happens before the first yield's work, so a bad request raises at once
-        when iteration starts. Closing the iterator stops generation after the current step.
+        A bad request raises ValueError here, at the call, before any model work. Closing
+        the returned iterator stops generation after the current step.
         """
         if prompt_ids is None:
             prompt_ids = self.encode_prompt(prompt, raw=raw)
@@ -130,7 +129,6 @@ class Engine:
         seconds = 0.0
         generated: list[int] = []
         while len(generated) < max_new_tokens:
-            t0 = time.perf_counter()
             event = self._step(run, tree, sampling, len(steps), max_new_tokens - len(generated), generated)
             seconds += event.step_ms / 1000.0
             steps.append(event)
@@ -152,7 +150,7 @@ class Engine:
             ids = torch.tensor([prompt_ids[:-1]], device=device)
             features = self.body(input_ids=ids, cache=target_cache, use_cache=True).last_hidden_state
         draft_cache = DynamicCache() if tree.uses_draft else None
-        return _Run(tokens=list(prompt_ids), prompt_len=len(prompt_ids), target_cache=target_cache,
+        return _Run(tokens=list(prompt_ids), target_cache=target_cache,
                     draft_cache=draft_cache, pending_features=features if tree.uses_draft else None,
                     pending_tokens=list(prompt_ids[1:]) if tree.uses_draft else [], generator=generator)
 
