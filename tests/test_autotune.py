@@ -98,6 +98,7 @@ def test_cost_cache_round_trip(tmp_path, monkeypatch):
     first = autotune.forward_cost_curve(target, sizes=sizes, prefix_len=16, repeats=1, warmup=0)
     second = autotune.forward_cost_curve(target, sizes=sizes, prefix_len=16, repeats=1, warmup=0)
     assert len(calls) == 1
+    assert first.ms == sorted(first.ms) and len(first.key["raw_ms"]) == len(sizes)   # non-decreasing in n
     assert second.sizes == first.sizes == list(sizes) and second.ms == first.ms
     path = autotune.cost_cache_path(autotune.cost_cache_key(target))
     assert path.is_file() and str(path).startswith(str(tmp_path))

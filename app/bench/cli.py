@@ -44,6 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true",
                    help="smoke run: 2 mt_bench prompts, 32 tokens, hf,vanilla,dynamic (explicit flags still win)")
     p.add_argument("--warmup-tokens", type=int, default=None, help="tokens of the one warm-up run per method (default 16)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch CPU threads (0 = torch's default). On a CPU shared with other jobs, 1 thread "
+                        "can be several times faster than 2: spinning threads wait for descheduled ones")
     p.add_argument("--plotly-js", default="inline", choices=("inline", "cdn", "none"),
                    help="plots.html with plotly.js inline (offline, ~4 MB), from a CDN (small), or no plots")
 
@@ -83,6 +86,8 @@ def _command(args) -> str:
         if getattr(args, flag):
             parts.append(f"--{flag.replace('_', '-')} {getattr(args, flag)}")
     parts += [f"--device {args.device}", f"--dtype {args.dtype}"]
+    if args.threads:
+        parts.append(f"--threads {args.threads}")
     return " ".join(parts)
 
 
@@ -91,6 +96,10 @@ def main(args) -> int:
     from app.engine.config import SamplingConfig, check_max_new_tokens
 
     _fill_defaults(args)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     try:
         suites = parse_suites(args.suite)
         if args.limit < 0:
