@@ -73,7 +73,8 @@ def test_choose_from_uses_measured_parts():
     assert (choice.tree.depth, choice.tree.total_tokens) == (best.depth, best.total_tokens)
     assert choice.tree.method == "dynamic" and choice.tree.top_k == 2
     assert choice.draft_ms_per_level == pytest.approx(10.0)                 # 30 ms over 3 levels
-    assert choice.other_ms == pytest.approx(140 - 30 - CPU(7))
+    assert choice.verify_ms_per_row == pytest.approx((100 - CPU(7)) / 7)
+    assert choice.other_ms == pytest.approx(140 - 30 - 100)
     assert choice.predicted_vanilla_tokens_per_s == pytest.approx(1000 / 60)
     assert best.total_tokens <= 6 and best.depth <= 3                       # never beyond what was measured
     d = choice.to_dict()

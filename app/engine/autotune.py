@@ -13,7 +13,7 @@ The model
 With tau(d, N) the mean number of tokens a step commits (accepted drafts + the bonus token)
 for a tree of depth d and N nodes, and T(n) the cost of one target forward over n tokens,
 
-    tokens/s (tree)    = tau(d, N) / (T(N + 1) + T_draft(d) + T_other)
+    tokens/s (tree)    = tau(d, N) / (T(N + 1) + r·(N + 1) + T_draft(d) + T_other)
     tokens/s (vanilla) = 1 / (T(1) + T_other_vanilla)
 
     speedup <= tau · T(1) / (T(tree) + T(draft))        (the bound quoted in issue 5)
@@ -34,8 +34,10 @@ the argmax. Its three ingredients are all measured, none assumed:
   path in it is the large tree's accepted path cut where it leaves the smaller tree. So
   tau(d, N) = 1 + mean over steps of |accepted ∩ top-N(levels <= d)|, measured, not modelled.
   (EAGLE-2's own estimate, the sum of the kept nodes' confidences, is reported beside it.)
-* T_draft(d) and T_other: from the same calibration run's step timings (draft time grows
-  about linearly with depth: one head forward + one LM-head call per level).
+* T_draft(d), r and T_other: from the same calibration run's step timings. Draft time grows
+  about linearly with depth (one head forward + one LM-head call per level); r is the
+  engine's per-row verify work beyond the bare forward (softmax of each row's logits,
+  acceptance); T_other the rest of a step (KV commit, step record).
 
 Everything is plain arithmetic over measured numbers, so the report (``TreeChoice``) carries
 the cost curve, the tau table and the predicted tokens/s of every candidate: the app can
@@ -339,15 +341,16 @@ class Candidate:
 
 
 def predict(cost: CostCurve, tau: float, depth: int, total_tokens: int, draft_ms_per_level: float,
-            other_ms: float) -> tuple[float, float, float]:
+            other_ms: float, verify_ms_per_row: float = 0.0) -> tuple[float, float, float]:
     """(verify ms, draft ms, predicted tokens/s) of one tree size. The whole cost model."""
-    verify = cost(total_tokens + 1)                 # root + nodes in one forward
-    draft = draft_ms_per_level * depth              # one head forward + LM head per level
+    rows = total_tokens + 1                          # root + nodes in one forward
+    verify = cost(rows) + verify_ms_per_row * rows   # + per-row acceptance work (softmax of p)
+    draft = draft_ms_per_level * depth               # one head forward + LM head per level
     return verify, draft, 1000.0 * tau / (verify + draft + other_ms)
 
 
 def rank_candidates(cost: CostCurve, tau_of, draft_ms_per_level: float, other_ms: float,
-                    depths=DEFAULT_DEPTHS, totals=DEFAULT_TOTALS) -> list[Candidate]:
+                    depths=DEFAULT_DEPTHS, totals=DEFAULT_TOTALS, verify_ms_per_row: float = 0.0) -> list[Candidate]:
     """Every (depth, total_tokens) in the grid with its predicted tokens/s, best first.
 
     ``tau_of(depth, total) -> (tau, tau_confidence)``. Trees with fewer nodes than levels
@@ -360,7 +363,7 @@ def rank_candidates(cost: CostCurve, tau_of, draft_ms_per_level: float, other_ms
             if t < d:
                 continue
             tau, tau_c = tau_of(d, t)
-            verify, draft, tps = predict(cost, tau, d, t, draft_ms_per_level, other_ms)
+            verify, draft, tps = predict(cost, tau, d, t, draft_ms_per_level, other_ms, verify_ms_per_row)
             out.append(Candidate(depth=d, total_tokens=t, tau=tau, tau_confidence=tau_c, verify_ms=verify,
                                  draft_ms=draft, other_ms=other_ms, tokens_per_s=tps))
     out.sort(key=lambda c: (-c.tokens_per_s, c.total_tokens, c.depth))
@@ -377,6 +380,7 @@ class TreeChoice:
     cost_curve: CostCurve
     draft_ms_per_level: float
     other_ms: float
+    verify_ms_per_row: float
     candidates: list[Candidate]          # best first
     calibration_steps: int
 
@@ -409,6 +413,7 @@ class TreeChoice:
             "cost_curve": asdict(self.cost_curve),
             "draft_ms_per_level": self.draft_ms_per_level,
             "other_ms": self.other_ms,
+            "verify_ms_per_row": self.verify_ms_per_row,
             "calibration_steps": self.calibration_steps,
             "candidates": [asdict(c) for c in self.candidates],
         }
@@ -420,16 +425,20 @@ def choose_from(cost: CostCurve, cal: Calibration, base: TreeConfig = TreeConfig
     depths = [d for d in depths if d <= cal.depth]
     totals = [t for t in totals if t <= cal.total_tokens]
     draft_per_level = _mean(cal.draft_ms) / cal.depth
-    # Everything in a step that is neither drafting nor the bare target forward: mask building,
-    # softmax of the verify logits, KV commit, the step record. Measured at the calibration size.
-    other = max(0.0, _mean(cal.step_ms) - _mean(cal.draft_ms) - cost(cal.total_tokens + 1))
-    ranked = rank_candidates(cost, cal.tau, draft_per_level, other, depths, totals)
+    # The engine's verify phase = the bare forward T(n) + per-row work (the softmax of every
+    # row's logits, acceptance); whatever exceeds T(n) at the calibration size is charged per row.
+    rows = cal.total_tokens + 1
+    per_row = max(0.0, _mean(cal.verify_ms) - cost(rows)) / rows
+    # Everything else in a step (KV commit, the step record): a constant.
+    other = max(0.0, _mean(cal.step_ms) - _mean(cal.draft_ms) - _mean(cal.verify_ms))
+    ranked = rank_candidates(cost, cal.tau, draft_per_level, other, depths, totals, per_row)
     best = ranked[0]
     vanilla_ms = _mean(cal.vanilla_step_ms) or cost(1)
     tree = replace(base, method="dynamic", depth=best.depth, total_tokens=best.total_tokens, top_k=cal.top_k)
     return TreeChoice(tree=tree, predicted_tokens_per_s=best.tokens_per_s,
                       predicted_vanilla_tokens_per_s=1000.0 / vanilla_ms, cost_curve=cost,
-                      draft_ms_per_level=draft_per_level, other_ms=other, candidates=ranked,
+                      draft_ms_per_level=draft_per_level, other_ms=other, verify_ms_per_row=per_row,
+                      candidates=ranked,
                       calibration_steps=len(cal.steps))
 
 
