@@ -141,10 +141,37 @@ def test_closing_generate_closes_the_engine_within_one_step(ctx):
             next(gen)
         n = len(session.steps)
         gen.close()
+        with ctx.engine_lock:                # the engine thread lets go of the model within one step
+            assert seen[0].gi_frame is None  # ... having closed the engine's iterator
     finally:
         ctx.engine.generate = real
-    assert seen[0].gi_frame is None          # the engine's iterator is closed: generation ended
     assert len(session.steps) == n < 60
+
+
+def test_background_run_coalesces_stops_and_reports_errors():
+    import threading
+    import time
+
+    from app.ui.pump import BackgroundRun
+
+    def slow(n, fail_at=None):
+        for i in range(n):
+            time.sleep(0.01)
+            if i == fail_at:
+                raise ValueError("engine broke")
+            yield i
+
+    lock = threading.Lock()
+    batches = list(BackgroundRun(slow(20), lock).batches(0.05))
+    assert [x for b in batches for x in b] == list(range(20)) and len(batches) < 20
+    it = slow(1000)
+    run = BackgroundRun(it, lock)
+    next(run.batches(0.02))
+    run.close()
+    run.join(5)
+    assert it.gi_frame is None and not lock.locked()
+    with pytest.raises(ValueError, match="engine broke"):
+        list(BackgroundRun(slow(5, fail_at=2), lock).batches(0.01))
 
 
 def test_explorer_sweeps_a_knob(ctx):
@@ -228,3 +255,41 @@ def test_shipped_traces_are_valid(ctx, name, path):
     session = Session()
     view = handlers.load_demo(ctx, session, {name: path}, name)
     assert session.steps and session.summary and "replaying" in view["status"]
+
+
+# --- server configuration ---------------------------------------------------------------------
+
+def test_server_config_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("EAGLE_LENS_MAX_NEW_TOKENS", "64")
+    monkeypatch.setenv("EAGLE_LENS_DRAFT_MODEL", "/somewhere/head")
+    cfg = ServerConfig.from_env()
+    assert cfg.max_new_tokens == 64 and cfg.draft_model == "/somewhere/head"
+    monkeypatch.setenv("EAGLE_LENS_QUEUE", "lots")
+    with pytest.raises(ValueError, match="EAGLE_LENS_QUEUE"):
+        ServerConfig.from_env()
+
+
+def test_missing_head_is_reported_never_replaced(tiny, monkeypatch):
+    from app.engine import loading
+    from app.ui import settings
+
+    target, _ = tiny
+
+    def no_head(name, target):
+        raise FileNotFoundError("no trained draft head at models/x")
+
+    monkeypatch.setattr(loading, "load_target", lambda *a, **k: target)
+    monkeypatch.setattr(loading, "load_draft_head", no_head)
+    ctx = settings.load_context(ServerConfig())
+    assert not ctx.has_head and ctx.engine.head is None and "no trained draft head" in ctx.head_missing
+
+
+def test_gpu_decorator_is_a_no_op_off_zerogpu(monkeypatch):
+    from app.ui.settings import gpu
+
+    monkeypatch.delenv("SPACES_ZERO_GPU", raising=False)
+
+    def f():
+        return 1
+
+    assert gpu(f) is f

@@ -6,10 +6,9 @@ raw widget values, and yields *views*: dicts from a view name ("stream", "tree",
 slider, a file path). ``blocks.py`` maps names to components; tests call handlers directly.
 Bad input raises ``ValueError`` with a message for the page.
 
-Speed: the engine runs in this same thread, so every page update is time the engine waits.
-Updates are therefore coalesced — at most one every ``update_interval_s`` — and only the
-latest step's tree is drawn. The race's clock is the engine's own per-step time, so drawing
-never changes the measured speedup.
+Speed: the engine decodes in its own thread (``pump.BackgroundRun``) and never waits for the
+page; the handler draws at most once every ``update_interval_s`` from whatever records have
+arrived, and only the latest step's tree. The race's clock is the engine's own per-step time.
 """
 from __future__ import annotations
 
@@ -24,6 +23,7 @@ import numpy as np
 from app.engine.config import TreeConfig
 from app.engine.events import StepEvent
 from app.ui import traces
+from app.ui.pump import BackgroundRun
 from app.ui.requests import INT_KNOBS, TREE_KNOBS, Request, build_request
 from app.ui.session import Session, VanillaRun
 from app.ui.settings import AppContext
@@ -34,6 +34,7 @@ from app.viz.stream import stream_html
 from app.viz.tree import tree_figure
 
 TRACE_DIR = os.path.join(tempfile.gettempdir(), "eagle-lens-traces")
+TRACE_MAX_AGE_S = 3600   # trace files older than this are deleted, so a busy server's disk cannot fill
 
 
 # --- views: pure functions of the session ----------------------------------------------------
@@ -45,8 +46,9 @@ def _rate(steps: list[StepEvent]) -> tuple[int, float, float]:
     return n, t, (n / t if t > 0 else 0.0)
 
 
-def live_view(session: Session, status: str) -> dict:
-    """The page while the EAGLE run streams: text, latest tree, running numbers."""
+def live_view(session: Session, status: str, vanilla_steps: list[StepEvent] | None = None) -> dict:
+    """The page while the EAGLE run streams: text, latest tree, the race so far (against a
+    cached vanilla run when there is one), running numbers."""
     steps = session.steps
     n, _, rate = _rate(steps)
     tau = n / len(steps) if steps else 0.0
@@ -57,7 +59,8 @@ def live_view(session: Session, status: str) -> dict:
             "speedup": f"**{session.settings.get('method', '')}**: {n} tokens in {len(steps)} target forwards, "
                        f"τ = {tau:.2f} tokens/forward, {rate:.1f} tokens/s so far",
             "slider": (max(len(steps) - 1, 0), max(len(steps) - 1, 0)),
-            "phases": phase_account(last, len(steps))}
+            "phases": phase_account(last, len(steps)),
+            "race": race_figure(steps, vanilla_steps, eagle_label=session.settings.get("method", "EAGLE"))}
 
 
 def _identical_note(session: Session) -> str:
@@ -150,20 +153,20 @@ def _run_vanilla(ctx: AppContext, session: Session, request: Request):
         return
     events = ctx.engine.generate(request.prompt, tree=TreeConfig(method="vanilla"), sampling=request.sampling,
                                  max_new_tokens=request.max_new_tokens)
-    steps, last = [], 0.0
+    steps = []
+    run = BackgroundRun(events, ctx.engine_lock)
     try:
-        for ev in events:
-            if ev.type == "summary":
-                session.vanilla = session.race_vanilla = VanillaRun(key, steps, ev)
-                return
-            steps.append(ev)
-            now = time.perf_counter()
-            if now - last >= ctx.config.update_interval_s:
-                last = now
+        for batch in run.batches(ctx.config.update_interval_s):
+            for ev in batch:
+                if ev.type == "summary":
+                    session.vanilla = session.race_vanilla = VanillaRun(key, steps, ev)
+                else:
+                    steps.append(ev)
+            if session.race_vanilla is None:
                 yield {"status": f"racing vanilla decoding: {sum(len(s.new_tokens) for s in steps)} tokens…",
                        "race": race_figure(session.steps, steps)}
     finally:
-        events.close()
+        run.close()
 
 
 def _finish(ctx: AppContext, session: Session, request: Request):
@@ -187,35 +190,34 @@ def _done_status(session: Session) -> str:
 
 def generate(ctx: AppContext, session: Session, step_mode: bool = False, **raw):
     """Generate: stream the EAGLE run, then race vanilla. Closing this generator (Stop, a
-    closed tab) closes the engine's iterator, which ends generation after the current step."""
+    closed tab) stops the engine's thread, which ends generation after the current step."""
     request = parse(ctx, raw)
     if not isinstance(step_mode, bool):
         raise ValueError(f"step_mode must be true or false, got {step_mode!r}")
     events = ctx.engine.generate(request.prompt, tree=request.tree, sampling=request.sampling,
                                  max_new_tokens=request.max_new_tokens)
     session.start(request.settings(), _model_info(ctx))
-    yield {**live_view(session, "prefill…"), "race": race_figure([], None), "trace_file": None}
+    cached = session.vanilla.steps if session.vanilla and session.vanilla.key == request.vanilla_key() else None
+    yield {**live_view(session, "prefill…", cached), "trace_file": None}
     if step_mode:
         session.stepper, session.stepper_request = events, request
         yield from step(ctx, session)
         return
     t0 = time.perf_counter()
-    last = 0.0
+    run = BackgroundRun(events, ctx.engine_lock)   # the engine decodes in its own thread
     try:
-        for ev in events:
-            if ev.type == "summary":
-                session.summary = ev
-                break
-            session.steps.append(ev)
-            now = time.perf_counter()
-            if now - last >= ctx.config.update_interval_s:
-                last = now
-                yield live_view(session, f"decoding with {request.tree.method}…")
+        for batch in run.batches(ctx.config.update_interval_s):
+            for ev in batch:
+                if ev.type == "summary":
+                    session.summary = ev
+                else:
+                    session.steps.append(ev)
+            if session.summary is None:
+                yield live_view(session, f"decoding with {request.tree.method}…", cached)
     finally:
-        events.close()
+        run.close()
     session.app_seconds = time.perf_counter() - t0
-    yield {**live_view(session, "EAGLE done" if request.tree.uses_draft else "done"),
-           "speedup": speedup_text(session)}
+    yield live_view(session, "EAGLE done" if request.tree.uses_draft else "done", cached)
     yield from _finish(ctx, session, request)
 
 
@@ -225,7 +227,8 @@ def step(ctx: AppContext, session: Session):
     if session.stepper is None:
         raise ValueError("Nothing to step: tick 'step mode' and press Generate first.")
     request = session.stepper_request
-    ev = next(session.stepper, None)
+    with ctx.engine_lock:
+        ev = next(session.stepper, None)
     if ev is not None and ev.type == "step":
         session.steps.append(ev)
         yield live_view(session, f"step mode: step {ev.step} done — press Step for the next one")
@@ -250,11 +253,24 @@ def stop(session: Session) -> dict:
 
 # --- traces --------------------------------------------------------------------------------
 
+def prune_traces(max_age_s: float = TRACE_MAX_AGE_S) -> None:
+    """Delete trace files written more than ``max_age_s`` ago (Gradio keeps its own copy for
+    the download, and cleans that up itself via ``delete_cache``)."""
+    cutoff = time.time() - max_age_s
+    for entry in os.scandir(TRACE_DIR):
+        if entry.name.startswith("eagle-lens-trace-") and entry.stat().st_mtime < cutoff:
+            try:
+                os.remove(entry.path)
+            except FileNotFoundError:
+                pass   # another request removed it first
+
+
 def write_trace(session: Session) -> str | None:
     """Write the run on screen as JSON for the download button; replaces the visitor's last file."""
     if session.summary is None:
         return None
     os.makedirs(TRACE_DIR, exist_ok=True)
+    prune_traces()
     if session.trace_path and os.path.isfile(session.trace_path):
         os.remove(session.trace_path)
     v = session.race_vanilla
@@ -332,10 +348,11 @@ def explore(ctx: AppContext, session: Session, knob, start, stop, count, **raw):
             continue
         yield {"explorer_status": f"running {knob} = {value} ({i + 1}/{len(values)}, {n} tokens each)…"}
         events = ctx.engine.generate(request.prompt, tree=tree, sampling=request.sampling, max_new_tokens=n)
-        try:
-            summary = [ev for ev in events if ev.type == "summary"][0]
-        finally:
-            events.close()
+        with ctx.engine_lock:
+            try:
+                summary = [ev for ev in events if ev.type == "summary"][0]
+            finally:
+                events.close()
         results.append({"value": value, "mean_accepted": summary.mean_accepted, "tokens_per_s": summary.tokens_per_s})
         yield {"explorer_plot": explorer_figure(knob, results)}
     best = max(results, key=lambda r: r["tokens_per_s"]) if results else None

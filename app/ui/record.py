@@ -8,11 +8,11 @@ device and dtype produced them; a visitor replays them with no model at all.
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import shutil
 import sys
 
-from app.ui import handlers
+from app.ui import handlers, traces
 from app.ui.explain import EXAMPLES
 from app.ui.session import Session
 from app.ui.settings import load_context
@@ -23,6 +23,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="traces")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--method", default="dynamic")
+    p.add_argument("--head-label", default=None,
+                   help="how the trace names the draft head (e.g. 'untrained placeholder'); default: its source")
     args = p.parse_args(argv)
     ctx = load_context()
     if not ctx.has_head:
@@ -35,7 +37,12 @@ def main(argv=None) -> int:
                                       max_new_tokens=args.max_new_tokens, temperature=0.0):
             pass
         dest = os.path.join(args.out, f"{i}-{category}.json")
-        shutil.copyfile(view["trace_file"], dest)
+        with open(view["trace_file"], encoding="utf-8") as f:
+            data = json.load(f)
+        if args.head_label:
+            data["model"]["head"] = args.head_label
+        with open(dest, "w", encoding="utf-8") as f:
+            f.write(traces.dumps(data))
         s, v = session.summary, session.race_vanilla.summary
         print(f"{dest}: {s.new_tokens} tokens, tau {s.mean_accepted:.2f}, {s.tokens_per_s:.1f} tokens/s "
               f"vs vanilla {v.tokens_per_s:.1f} tokens/s; {view['speedup'].splitlines()[-1]}")

@@ -43,7 +43,10 @@ class Session:
     def close(self) -> None:
         """End a paused step-mode generation (frees its KV cache)."""
         if self.stepper is not None:
-            self.stepper.close()
+            try:
+                self.stepper.close()
+            except ValueError:
+                pass  # a Step is running right now; the dropped iterator is closed when it finishes
         self.stepper, self.stepper_request = None, None
 
 

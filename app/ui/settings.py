@@ -17,6 +17,7 @@ and the page says why EAGLE methods are off. It never falls back to a random hea
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass, field
 
 from app.engine.config import GenerationLimits
@@ -74,6 +75,10 @@ class AppContext:
     config: ServerConfig = field(default_factory=ServerConfig)
     model_note: str = ""
     head_missing: str = ""                   # why EAGLE methods are off ("" = they are on)
+    # Held by whoever is running the model. The Gradio queue already runs one engine event at
+    # a time; the lock also covers the moment after a Stop, when the stopped run is finishing
+    # its last step while the next event starts.
+    engine_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def has_head(self) -> bool:

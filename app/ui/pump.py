@@ -1,0 +1,80 @@
+"""Run an engine generation in its own thread so that the page never makes it wait.
+
+The engine yields one record per target forward. If the Gradio handler pulled those records
+itself, every page update (building figures, serialising JSON, sending it) would pause the
+engine. Instead a ``BackgroundRun`` thread pulls them as fast as the engine makes them and
+puts them on a queue; the handler wakes up every ``interval`` seconds, takes whatever
+arrived, and draws once. Torch releases Python's GIL inside its kernels, so drawing and
+decoding overlap.
+
+Stopping: ``close()`` sets a flag that the thread checks after every record; the thread then
+closes the engine's iterator, so generation ends within one step. ``close()`` does not wait
+for that (Gradio may call it on its event loop, which must never block); instead the thread
+holds the server's engine lock for the whole run, so the next run — whoever's it is — starts
+only once this one has let go of the model.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Iterator
+
+_DONE = object()
+
+
+class _Failed:
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+class BackgroundRun:
+    def __init__(self, events: Iterator, lock: threading.Lock):
+        self._events = events
+        self._lock = lock
+        self._queue: queue.Queue = queue.Queue()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._pump, name="eagle-lens-engine", daemon=True)
+        self._thread.start()
+
+    def _pump(self) -> None:
+        with self._lock:                  # one generation at a time on the shared model
+            try:
+                for record in self._events:
+                    self._queue.put(record)
+                    if self._stop.is_set():
+                        break
+            except BaseException as exc:  # handed to the handler thread, which re-raises it
+                self._queue.put(_Failed(exc))
+            finally:
+                self._events.close()      # only this thread ever touches the engine's iterator
+        self._queue.put(_DONE)
+
+    def batches(self, interval: float) -> Iterator[list]:
+        """Lists of new records: at most one list every ``interval`` seconds, a last (possibly
+        empty) one when the run has ended. Re-raises an error from the engine."""
+        done = False
+        while not done:
+            deadline = time.monotonic() + interval
+            batch: list = []
+            while True:
+                left = deadline - time.monotonic()
+                try:
+                    item = self._queue.get(timeout=left) if left > 0 else self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is _DONE:
+                    done = True
+                    break
+                if isinstance(item, _Failed):
+                    raise item.exc
+                batch.append(item)
+            if batch or done:
+                yield batch
+
+    def close(self) -> None:
+        """Ask the run to stop after the current step (returns at once)."""
+        self._stop.set()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
