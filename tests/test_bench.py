@@ -137,3 +137,20 @@ def test_pooling_and_table():
     assert d["identical_to_vanilla"] == [1, 2]
     md = markdown_table(table)
     assert "| dynamic | 24/5/8 | 40.0 | 2.00 | 2.00 | 2.86 | 71 | 20% / 60% / 20% | 0.79 0.27 | 1 of 2 |" in md
+
+
+def test_profile_step_parts_add_up_to_the_step():
+    """The per-part step profiler (issue 5 part 3) on a tiny engine: every part is measured,
+    the parts add up to the step, and the engine is left unpatched afterwards."""
+    from app.bench.profile_step import PARTS, format_profile, profile_tree
+    from app.engine.engine import Engine
+    from tests.tiny import random_head, tiny_target
+
+    target = tiny_target()
+    engine = Engine(target, random_head(target))
+    t = profile_tree(engine, TreeConfig(total_tokens=12, depth=3, top_k=4), "w5 w6 w7 w8", steps=3)
+    assert t["steps"] == 3
+    assert t["target forward"] > 0 and t["draft head"] > 0 and t["draft LM head"] > 0
+    assert sum(t.get(k, 0.0) for k in PARTS) == pytest.approx(t["step"], rel=0.05)
+    assert "draft LM head" in format_profile("x", t)
+    assert "forward" not in vars(engine.body) and "_draft" not in vars(engine)
