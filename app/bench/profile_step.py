@@ -40,8 +40,12 @@ PARTS = ("target forward", "target LM head", "draft head", "draft LM head", "dra
 class StepProfiler:
     """Wraps an engine's parts with timers; ``totals`` accumulates ms per part."""
 
-    def __init__(self, engine):
+    def __init__(self, engine, draft_lm_dtype: torch.dtype | None = None):
         self.engine = engine
+        # Experiment (suggestion 1 of benchmarks/cpu-profile.md): run the *draft's* LM head on a
+        # copy of the weight in another dtype; the target's verify LM head is untouched.
+        self.draft_lm_weight = (engine.lm_head.weight.detach().to(draft_lm_dtype)
+                                if draft_lm_dtype is not None and draft_lm_dtype != engine.target.dtype else None)
         self.totals: dict[str, float] = defaultdict(float)
         self.in_draft = False
         self.sync = torch.cuda.synchronize if engine.target.device.type == "cuda" else (lambda: None)
@@ -69,8 +73,14 @@ class StepProfiler:
             setattr(obj, attr, new)
 
         patch(e.body, "forward", self._timed(e.body.forward, "target forward"))
-        patch(e.lm_head, "forward", self._timed(e.lm_head.forward,
-                                                lambda: "draft LM head" if self.in_draft else "target LM head"))
+        lm_forward = e.lm_head.forward
+
+        def lm_head(x):
+            if self.in_draft and self.draft_lm_weight is not None:
+                w = self.draft_lm_weight
+                return torch.nn.functional.linear(x.to(w.dtype), w).to(x.dtype)
+            return lm_forward(x)
+        patch(e.lm_head, "forward", self._timed(lm_head, lambda: "draft LM head" if self.in_draft else "target LM head"))
         if e.head is not None:
             patch(e.head, "forward", self._timed(e.head.forward, "draft head"))
         patch(eng, "tree_attention_mask", self._timed(eng.tree_attention_mask, "tree mask"))
@@ -121,11 +131,11 @@ class StepProfiler:
                 setattr(obj, attr, original)
 
 
-def profile_tree(engine, tree, prompt: str, steps: int, warmup: int = 2) -> dict:
+def profile_tree(engine, tree, prompt: str, steps: int, warmup: int = 2, draft_lm_dtype=None) -> dict:
     """Mean ms per step for each part over ``steps`` steps (after ``warmup`` untimed ones)."""
     from app.engine.config import SamplingConfig
 
-    prof = StepProfiler(engine)
+    prof = StepProfiler(engine, draft_lm_dtype)
     n_steps, step_ms = 0, 0.0
     gen = engine.generate(prompt, tree=tree, sampling=SamplingConfig(), max_new_tokens=warmup + steps + 64)
     with prof.installed():
@@ -170,6 +180,8 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = leave as is)")
     p.add_argument("--prompt", default="Write a short story about a robot who learns to paint, in five paragraphs.")
+    p.add_argument("--draft-lm-dtype", default=None, choices=("bfloat16", "float16", "float32"),
+                   help="experiment: the draft's LM head on a copy of the weight in this dtype")
     p.add_argument("--forward-costs", action="store_true", help="print the target's forward cost T(n) instead")
     args = p.parse_args(argv)
     if args.threads:
@@ -196,9 +208,10 @@ def main(argv=None) -> int:
         else:
             total, depth, top_k = (int(x) for x in spec.split("/"))
             tree = TreeConfig(method="dynamic", total_tokens=total, depth=depth, top_k=top_k)
-        t = profile_tree(engine, tree, args.prompt, args.steps)
+        dl = getattr(torch, args.draft_lm_dtype) if args.draft_lm_dtype else None
+        t = profile_tree(engine, tree, args.prompt, args.steps, draft_lm_dtype=dl)
         print()
-        print(format_profile(f"{tree.method} {spec}", t))
+        print(format_profile(f"{tree.method} {spec}" + (f" (draft LM head in {args.draft_lm_dtype})" if dl else ""), t))
         sys.stdout.flush()
     print(f"\nload average at end {os.getloadavg()[0]:.2f}")
     return 0
