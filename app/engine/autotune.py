@@ -443,19 +443,27 @@ def choose_from(cost: CostCurve, cal: Calibration, base: TreeConfig = TreeConfig
 
 
 def choose_tree(engine, method: str = "dynamic", base: TreeConfig | None = None, refresh: bool = False,
-                calibration: dict | None = None) -> tuple[TreeConfig, TreeChoice]:
+                calibration: dict | None = None, progress=None) -> tuple[TreeConfig, TreeChoice]:
     """The "auto" tree for this engine: (TreeConfig to decode with, report to show).
 
     First call on a machine measures the target's forward cost curve (seconds) and runs a
     short calibration decode with the head (tens of seconds on a CPU); both are cached on
     disk, so later calls return at once. ``base`` supplies the knobs not tuned here
-    (tau_high, min_confidence, ...); ``calibration`` overrides ``calibrate``'s settings.
+    (tau_high, min_confidence, ...); ``calibration`` overrides ``calibrate``'s settings;
+    ``progress(message)`` is called before each slow stage (for a UI status line).
+
+    tau is calibrated with greedy verification; under sampling (temperature > 0) acceptance
+    is usually lower, so the chosen tree is, if anything, a little large for sampling.
+    If ``report.beats_vanilla`` is False (e.g. an untrained head), decode with vanilla.
     """
     if method != "dynamic":
         raise ValueError(f"choose_tree tunes the dynamic (EAGLE-2) tree only, got method {method!r}")
     if engine.head is None:
         raise ValueError("choose_tree needs a draft head: its acceptance decides the tree size")
+    say = progress or (lambda message: None)
+    say("auto tree: target forward cost over tree sizes (measured once per model, device, dtype)")
     cost = forward_cost_curve(engine.target, refresh=refresh)
+    say("auto tree: calibrating the head's acceptance (once per head)")
     cal = cached_calibration(engine, refresh=refresh, **(calibration or {}))
     choice = choose_from(cost, cal, base or TreeConfig())
     return choice.tree, choice
