@@ -179,18 +179,21 @@ class Engine:
             mask = None  # a single query attends to the whole cache: the default causal mask
         hidden = self.body(input_ids=ids, attention_mask=mask, position_ids=positions,
                            cache=run.target_cache, use_cache=True).last_hidden_state  # (1, N+1, H)
-        logits = self.lm_head(hidden[0])                                               # (N+1, V)
 
+        # The LM head runs only on rows verification can visit: the root and every node with
+        # children, in one batch, plus the accepted leaf (for its bonus) on demand. Leaves
+        # are about half of a tree, and each row costs a (V, H) matmul.
+        parent_rows = sorted({0} | {par + 1 for par in tree.parents})
+        batch = self.lm_head(hidden[0, parent_rows])                                   # (R, V)
+        logits = verify.LazyRows(lambda r: self.lm_head(hidden[0, r]), dict(zip(parent_rows, batch)))
+        p = verify.LazyRows(lambda r: verify.logits_to_probs(logits[r], sampling))
         children = tree.children()
         if sampling.greedy:
             path, bonus = verify.greedy_verify(logits, tree.tokens, children)
-            p = verify.logits_to_probs(logits, sampling)
+        elif tree_cfg.method == "chain":
+            path, bonus = verify.chain_verify(p, draft_q, tree.tokens, run.generator)
         else:
-            p = verify.logits_to_probs(logits, sampling)
-            if tree_cfg.method == "chain":
-                path, bonus = verify.chain_verify(p, draft_q, tree.tokens, run.generator)
-            else:
-                path, bonus = verify.sequential_verify(p, tree.tokens, children, run.generator)
+            path, bonus = verify.sequential_verify(p, tree.tokens, children, run.generator)
         sync()
         t2 = time.perf_counter()
 
@@ -210,7 +213,7 @@ class Engine:
 
         before = self.decode(generated)
         text = self.decode(generated + new_tokens)[len(before):]
-        record = self._tree_record(root, tree, path, p) if tree_cfg.uses_draft else None
+        record = self._tree_record(root, tree, path, parent_rows, batch, sampling) if tree_cfg.uses_draft else None
         sync()
         t3 = time.perf_counter()
         return StepEvent(step=index, method=tree_cfg.method, tree=record, accepted=accepted[: len(new_tokens)],
@@ -272,10 +275,11 @@ class Engine:
                 tok = verify.sample(q, run.generator)
                 chain_q.append(q)
                 return [[float(q[tok])]], [[tok]]
-            q = torch.softmax(draft_logits.float(), dim=-1)
-            top = torch.topk(q, min(k, q.shape[-1]), dim=-1)
+            # q of the k best children: exp(logit - logsumexp), no full softmax written
+            top = torch.topk(draft_logits, min(k, draft_logits.shape[-1]), dim=-1)
+            q_top = torch.exp(top.values.float() - torch.logsumexp(draft_logits.float(), dim=-1, keepdim=True))
             ids = top.indices if self.draft_vocab is None else self.draft_vocab[top.indices]
-            return top.values.tolist(), ids.tolist()
+            return q_top.tolist(), ids.tolist()
 
         tree = grow_tree(cfg, propose)
         kv.crop(cache, prefix)
@@ -289,7 +293,12 @@ class Engine:
         logits = feats @ self.draft_lm_weight.T
         return logits + self.draft_lm_bias if self.draft_lm_bias is not None else logits
 
-    def _tree_record(self, root: int, tree: DraftTree, path: list[int], p: torch.Tensor) -> DraftTreeRecord:
+    def _tree_record(self, root: int, tree: DraftTree, path: list[int], parent_rows: list[int],
+                     parent_logits: torch.Tensor, sampling: SamplingConfig) -> DraftTreeRecord:
+        """The step's tree for consumers: statuses, texts, and p of every node, the target's
+        probability of the node's token given its parent (the shaped distribution when
+        sampling; plain softmax when greedy, computed as exp(logit - logsumexp) so no
+        (R, V) probability matrix is written)."""
         status = ["unreached"] * len(tree)
         reached_rows = {0} | {i + 1 for i in path}
         for i, parent in enumerate(tree.parents):
@@ -297,14 +306,17 @@ class Engine:
                 status[i] = "rejected"
         for i in path:
             status[i] = "accepted"
+        p_nodes: list[float] = []
         if len(tree):
-            rows = torch.tensor([par + 1 for par in tree.parents], device=p.device)
-            cols = torch.tensor(tree.tokens, device=p.device)
-            p_nodes = p[rows, cols].tolist()
-        else:
-            p_nodes = []
+            where = {row: j for j, row in enumerate(parent_rows)}
+            rows = torch.tensor([where[par + 1] for par in tree.parents], device=parent_logits.device)
+            cols = torch.tensor(tree.tokens, device=parent_logits.device)
+            if sampling.greedy:
+                lse = torch.logsumexp(parent_logits.float(), dim=-1)                      # (R,)
+                p_nodes = torch.exp(parent_logits[rows, cols].float() - lse[rows]).tolist()
+            else:
+                p_nodes = verify.logits_to_probs(parent_logits, sampling)[rows, cols].tolist()
         texts = self.target.tokenizer.batch_decode([[t] for t in tree.tokens]) if len(tree) else []
         return DraftTreeRecord(root_token=root, tokens=list(tree.tokens), texts=texts,
                                parents=list(tree.parents), depths=list(tree.depths), q=list(tree.q),
                                confidence=list(tree.confidence), p=p_nodes, status=status)
-

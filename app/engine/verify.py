@@ -5,6 +5,9 @@ Notation of the speculative-decoding papers: ``p`` is the *target* distribution,
 row 0 is the root (the last committed token), row i + 1 is draft node i. The distribution of
 node i's token is therefore row ``parents[i] + 1``.
 
+``logits`` and ``p`` only need ``[row]`` indexing, so they can be full tensors (tests) or
+``LazyRows`` that run the LM head on a row only when verification visits it (the engine).
+
 Each rule returns ``(path, bonus)``: the accepted node indices from the root down, and the
 token the target itself contributes after them. All three are lossless:
 
@@ -49,6 +52,20 @@ def logits_to_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Ten
     return probs
 
 
+class LazyRows:
+    """``rows[r]`` = ``compute(r)``, computed on first access and kept. ``prefill`` seeds
+    rows computed together in one batch."""
+
+    def __init__(self, compute, prefill: dict | None = None):
+        self._compute = compute
+        self._rows = dict(prefill or {})
+
+    def __getitem__(self, row: int) -> torch.Tensor:
+        if row not in self._rows:
+            self._rows[row] = self._compute(row)
+        return self._rows[row]
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
     """One token from a (V,) distribution."""
     return int(torch.multinomial(probs, 1, generator=generator).item())
@@ -58,13 +75,12 @@ def _uniform(generator: torch.Generator, device) -> float:
     return float(torch.rand((), generator=generator, device=device).item())
 
 
-def greedy_verify(logits: torch.Tensor, tokens: list[int], children: list[list[int]]) -> tuple[list[int], int]:
-    """logits (N+1, V). Walk down while a child equals the target's argmax."""
+def greedy_verify(logits, tokens: list[int], children: list[list[int]]) -> tuple[list[int], int]:
+    """logits[row] (V,). Walk down while a child equals the target's argmax."""
     path: list[int] = []
-    argmax = logits.argmax(dim=-1).tolist()  # one transfer for all rows
     row = 0
     while True:
-        best = argmax[row]
+        best = int(logits[row].argmax())
         nxt = next((c for c in children[row] if tokens[c] == best), None)
         if nxt is None:
             return path, best
@@ -72,9 +88,9 @@ def greedy_verify(logits: torch.Tensor, tokens: list[int], children: list[list[i
         row = nxt + 1
 
 
-def sequential_verify(p: torch.Tensor, tokens: list[int], children: list[list[int]],
+def sequential_verify(p, tokens: list[int], children: list[list[int]],
                       generator: torch.Generator) -> tuple[list[int], int]:
-    """p (N+1, V) target probabilities. Multi-candidate rejection for deterministic children."""
+    """p[row] (V,) target probabilities. Multi-candidate rejection for deterministic children."""
     path: list[int] = []
     row = 0
     while True:
@@ -82,7 +98,7 @@ def sequential_verify(p: torch.Tensor, tokens: list[int], children: list[list[in
         accepted = None
         for c in children[row]:
             mass = float(residual[tokens[c]])
-            if mass > 0 and _uniform(generator, p.device) < mass:
+            if mass > 0 and _uniform(generator, residual.device) < mass:
                 accepted = c
                 break
             if mass > 0:
@@ -95,17 +111,18 @@ def sequential_verify(p: torch.Tensor, tokens: list[int], children: list[list[in
         row = accepted + 1
 
 
-def chain_verify(p: torch.Tensor, q: torch.Tensor, tokens: list[int],
+def chain_verify(p, q: torch.Tensor, tokens: list[int],
                  generator: torch.Generator) -> tuple[list[int], int]:
-    """p (N+1, V) target, q (N, V) draft probabilities of a sampled chain (node i = depth i+1)."""
+    """p[row] (V,) target, q (N, V) draft probabilities of a sampled chain (node i = depth i+1)."""
     path: list[int] = []
     for i, tok in enumerate(tokens):
-        p_x, q_x = float(p[i, tok]), float(q[i, tok])
-        if q_x > 0 and _uniform(generator, p.device) < min(1.0, p_x / q_x):
+        p_i = p[i]
+        p_x, q_x = float(p_i[tok]), float(q[i, tok])
+        if q_x > 0 and _uniform(generator, p_i.device) < min(1.0, p_x / q_x):
             path.append(i)
             continue
-        residual = (p[i] - q[i]).clamp_min(0.0)
+        residual = (p_i - q[i]).clamp_min(0.0)
         total = residual.sum()
         # total == 0 only if p == q, where rejection has probability 0; fall back to p for safety
-        return path, sample(residual / total if total > 0 else p[i], generator)
+        return path, sample(residual / total if total > 0 else p_i, generator)
     return path, sample(p[len(tokens)], generator)
