@@ -105,16 +105,17 @@ def invalid_requests():
     from hypothesis import strategies as st
 
     # (NaN and infinity cannot travel in JSON at all; the handler tests cover them directly.)
-    bad_number = st.one_of(st.none(), st.text(max_size=5), st.booleans(),
-                           st.floats(min_value=-1e9, max_value=-0.001), st.integers(min_value=10**6, max_value=10**12),
-                           st.lists(st.integers(), max_size=2))
+    not_a_number = st.one_of(st.none(), st.text(max_size=5), st.booleans(), st.lists(st.integers(), max_size=2),
+                             st.floats(min_value=-1e9, max_value=-0.001))
+    bad_number = st.one_of(not_a_number, st.integers(min_value=10**6, max_value=10**12))
     bad = {
         "prompt": st.one_of(st.just(""), st.just("   "), st.none(), st.integers(), st.text(min_size=5001, max_size=6000)),
         "method": st.one_of(st.none(), st.integers(), st.sampled_from(["", "DYNAMIC", "eagle", "../x", "__import__"])),
         "max_new_tokens": st.one_of(bad_number, st.just(0), st.floats(min_value=1.1, max_value=1.9)),
         "temperature": st.one_of(bad_number, st.floats(min_value=2.01, max_value=1e6)),
         "top_p": st.one_of(bad_number, st.just(0.0), st.floats(min_value=1.001, max_value=10)),
-        "seed": st.one_of(bad_number, st.just(-1), st.floats(min_value=0.1, max_value=0.9)),
+        "seed": st.one_of(not_a_number, st.just(-1), st.floats(min_value=0.1, max_value=0.9),
+                          st.integers(min_value=2**63, max_value=2**70)),      # any seed in [0, 2^63) is valid
         "depth": st.one_of(bad_number, st.just(0), st.integers(min_value=17, max_value=1000)),
         "top_k": st.one_of(bad_number, st.just(0), st.integers(min_value=33, max_value=1000)),
         "total_tokens": st.one_of(bad_number, st.just(0), st.integers(min_value=257, max_value=10**5)),
@@ -137,7 +138,7 @@ def fuzz(url: str, examples: int, seed: int = 0, valid_after: dict | None = None
 
     check_loopback(url)
     client = Client(url, verbose=False, download_files=False)
-    stats = {"sent": 0, "error_message": 0, "accepted": [], "server_errors": [], "messages": set()}
+    stats = {"sent": 0, "error_message": 0, "accepted": [], "server_errors": [], "messages": {}}
 
     @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
               suppress_health_check=list(HealthCheck))
@@ -149,7 +150,7 @@ def fuzz(url: str, examples: int, seed: int = 0, valid_after: dict | None = None
             stats["accepted"].append({k: repr(v)[:40] for k, v in request.items()})
         except AppError as exc:
             stats["error_message"] += 1
-            stats["messages"].add(str(exc)[:90])
+            stats["messages"].setdefault(str(exc).split()[0], str(exc)[:100])   # one example per parameter
         except Exception as exc:  # noqa: BLE001
             stats["server_errors"].append(f"{type(exc).__name__}: {exc}"[:200])
 
@@ -345,7 +346,7 @@ def main(argv=None) -> int:
             print(f"{stats['sent']} invalid requests: {stats['error_message']} answered with an error message, "
                   f"{len(stats['accepted'])} accepted (should be 0), {len(stats['server_errors'])} other failures; "
                   f"valid request afterwards ok: {stats['valid_after_ok']}")
-            for m in sorted(stats["messages"])[:15]:
+            for m in sorted(stats["messages"].values()):
                 print("  message:", m)
             for e in stats["server_errors"][:10] + [str(a) for a in stats["accepted"][:10]]:
                 print("  problem:", e)
