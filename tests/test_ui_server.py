@@ -4,7 +4,6 @@ and fuzz run (the full-size runs live in scripts/loadtest.py)."""
 from __future__ import annotations
 
 import importlib.util
-import time
 from pathlib import Path
 
 import pytest

@@ -33,9 +33,8 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     for i, (category, prompt) in enumerate(EXAMPLES, 1):
         session = Session()
-        for view in handlers.generate(ctx, session, prompt=prompt, method=args.method,
-                                      max_new_tokens=args.max_new_tokens, temperature=0.0):
-            pass
+        view = list(handlers.generate(ctx, session, prompt=prompt, method=args.method,
+                                      max_new_tokens=args.max_new_tokens, temperature=0.0))[-1]
         dest = os.path.join(args.out, f"{i}-{category}.json")
         with open(view["trace_file"], encoding="utf-8") as f:
             data = json.load(f)
