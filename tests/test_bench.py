@@ -154,3 +154,20 @@ def test_profile_step_parts_add_up_to_the_step():
     assert sum(t.get(k, 0.0) for k in PARTS) == pytest.approx(t["step"], rel=0.05)
     assert "draft LM head" in format_profile("x", t)
     assert "forward" not in vars(engine.body) and "_draft" not in vars(engine)
+
+
+def test_bench_sampled_run(tiny_folders, tmp_path, monkeypatch):
+    """temperature 1.0: hf samples too (top_k off, like our SamplingConfig); outputs are not
+    compared (no '= vanilla' column), everything else is filled in."""
+    out = tmp_path / "out"
+    monkeypatch.setattr(tiny_suites(tmp_path / "eval"), "EVAL_DIR", tmp_path / "eval")
+    rc = app_main(["bench", "--suite", "alpha", "--limit", "1", "--max-new-tokens", "6", "--temperature", "1.0",
+                   "--methods", "hf,vanilla,chain:4/3/1", "--warmup-tokens", "2", "--plotly-js", "none",
+                   "--base-model", str(tiny_folders / "target"), "--draft-model", str(tiny_folders / "head"),
+                   "--device", "cpu", "--out", str(out)])
+    assert rc == 0
+    doc = json.loads((out / "results.json").read_text())
+    table = doc["summary"]["alpha"]
+    assert list(table) == ["hf", "vanilla", "chain:4/3/1"]
+    assert all(s["identical_to_vanilla"] is None and s["tokens_per_s"] > 0 for s in table.values())
+    assert not (out / "plots.html").exists() and doc["meta"]["temperature"] == 1.0
