@@ -174,6 +174,31 @@ def test_background_run_coalesces_stops_and_reports_errors():
         list(BackgroundRun(slow(5, fail_at=2), lock).batches(0.01))
 
 
+def test_a_slow_page_never_makes_the_engine_wait():
+    """The consumer takes 0.3 s per update; the 'engine' (20 steps of 10 ms) is not slowed to
+    the page's pace (drawing every step in the same thread would take 20 x 0.3 = 6 s)."""
+    import threading
+    import time
+
+    from app.ui.pump import BackgroundRun
+
+    finished = []
+
+    def engine():
+        for i in range(20):
+            time.sleep(0.01)
+            yield i
+        finished.append(time.monotonic())
+
+    t0 = time.monotonic()
+    drawn = 0
+    for batch in BackgroundRun(engine(), threading.Lock()).batches(0.05):
+        drawn += 1
+        time.sleep(0.3)                  # a very slow page update
+    assert finished and finished[0] - t0 < 3.0
+    assert drawn < 10                    # updates were coalesced
+
+
 def test_explorer_sweeps_a_knob(ctx):
     views = list(handlers.explore(ctx, Session(), "depth", 1, 3, 3, **{**BASE, "max_new_tokens": 12}))
     fig = views[-1]["explorer_plot"]
