@@ -198,14 +198,15 @@ def generate(ctx: AppContext, session: Session, step_mode: bool = False, **raw):
                                  max_new_tokens=request.max_new_tokens)
     session.start(request.settings(), _model_info(ctx))
     cached = session.vanilla.steps if session.vanilla and session.vanilla.key == request.vanilla_key() else None
-    yield {**live_view(session, "prefill…", cached), "trace_file": None}
     if step_mode:
+        yield {**live_view(session, "prefill…", cached), "trace_file": None}
         session.stepper, session.stepper_request = events, request
         yield from step(ctx, session)
         return
     t0 = time.perf_counter()
-    run = BackgroundRun(events, ctx.engine_lock)   # the engine decodes in its own thread
+    run = BackgroundRun(events, ctx.engine_lock)   # the engine starts (prefill) in its own thread now
     try:
+        yield {**live_view(session, "prefill…", cached), "trace_file": None}   # drawn meanwhile
         for batch in run.batches(ctx.config.update_interval_s):
             for ev in batch:
                 if ev.type == "summary":
