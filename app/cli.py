@@ -17,9 +17,9 @@ _SAMPLING = SamplingConfig()
 
 def add_tree_arguments(p: argparse.ArgumentParser) -> None:
     """Tree knobs shared by `generate` and `bench`."""
-    p.add_argument("--depth", type=int, default=_TREE.depth, help="levels of draft nodes per step")
-    p.add_argument("--top-k", type=int, default=_TREE.top_k, help="EAGLE-2 branching (nodes expanded per level, children per node)")
-    p.add_argument("--total-tokens", type=int, default=_TREE.total_tokens, help="draft nodes verified per step, at most")
+    p.add_argument("--depth", type=int, default=None, help=f"levels of draft nodes per step (default {_TREE.depth}; dynamic: auto)")
+    p.add_argument("--top-k", type=int, default=None, help=f"EAGLE-2 branching: nodes expanded per level, children per node (default {_TREE.top_k}; dynamic: auto)")
+    p.add_argument("--total-tokens", type=int, default=None, help=f"draft nodes verified per step, at most (default {_TREE.total_tokens}; dynamic: auto)")
     p.add_argument("--tau-high", type=float, default=_TREE.tau_high, help="threshold method: 2 children above this confidence")
     p.add_argument("--tau-low", type=float, default=_TREE.tau_low, help="threshold method: 1 child above this confidence")
     p.add_argument("--min-confidence", type=float, default=_TREE.min_confidence, help="drop nodes below this confidence")
@@ -49,9 +49,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def tree_config_from(args, method: str | None = None) -> TreeConfig:
-    return TreeConfig(method=method or args.method, depth=args.depth, top_k=args.top_k,
-                      total_tokens=args.total_tokens, tau_high=args.tau_high, tau_low=args.tau_low,
-                      min_confidence=args.min_confidence)
+    """The tree knobs given on the command line; unset size knobs take TreeConfig's defaults."""
+    pick = lambda value, default: default if value is None else value  # noqa: E731
+    return TreeConfig(method=method or args.method, depth=pick(args.depth, _TREE.depth),
+                      top_k=pick(args.top_k, _TREE.top_k), total_tokens=pick(args.total_tokens, _TREE.total_tokens),
+                      tau_high=args.tau_high, tau_low=args.tau_low, min_confidence=args.min_confidence)
+
+
+def wants_auto_tree(args) -> bool:
+    """dynamic with none of depth / top_k / total_tokens given: size the tree for this machine."""
+    return args.method == "dynamic" and args.depth is None and args.top_k is None and args.total_tokens is None
+
+
+def auto_tree(engine, base: TreeConfig) -> TreeConfig:
+    """The hardware-aware tree (app.engine.autotune), announced on stderr with its reasons."""
+    from app.engine.autotune import choose_tree
+
+    tree, report = choose_tree(engine, base=base, progress=lambda m: print(f"[auto] {m}", file=sys.stderr, flush=True))
+    print(f"[auto] {report.summary()}", file=sys.stderr, flush=True)
+    return tree
 
 
 def build_engine(base_model=None, draft_model=None, device="auto", dtype="auto", need_head=True,
@@ -79,6 +95,8 @@ def main(args) -> int:
         check_max_new_tokens(args.max_new_tokens)
         engine = build_engine(args.base_model, args.draft_model, args.device, args.dtype,
                               need_head=tree.uses_draft, full_draft_vocab=args.full_draft_vocab)
+        if wants_auto_tree(args):
+            tree = auto_tree(engine, tree)
         events = engine.generate(args.prompt, tree=tree, sampling=sampling,
                                  max_new_tokens=args.max_new_tokens, raw=args.raw)
     except (ValueError, FileNotFoundError, KeyError, OSError) as exc:

@@ -88,3 +88,19 @@ def test_cli_exits_2_with_a_message(args, needle):
 def test_cli_refuses_to_run_without_a_head(tmp_path, monkeypatch):
     r = cli("--prompt", "hi", "--draft-model", str(tmp_path / "missing" / "head"), "--max-new-tokens", "3")
     assert r.returncode == 2 and "draft model folder" in r.stderr
+
+
+def test_cli_tree_knobs_default_to_auto_only_for_dynamic():
+    import argparse
+
+    from app.cli import add_arguments, tree_config_from, wants_auto_tree
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = p.parse_args(["--prompt", "x"])
+    assert wants_auto_tree(args)
+    assert tree_config_from(args) == TreeConfig()          # auto starts from the defaults
+    args = p.parse_args(["--prompt", "x", "--total-tokens", "9"])
+    assert not wants_auto_tree(args) and tree_config_from(args).total_tokens == 9
+    args = p.parse_args(["--prompt", "x", "--method", "chain"])
+    assert not wants_auto_tree(args)

@@ -42,7 +42,7 @@ def test_cli_jsonl_dynamic_and_vanilla_print_the_same_tokens(embedded_random_hea
     for method in ("dynamic", "vanilla"):
         r = subprocess.run([sys.executable, "-m", "app", "generate", "--jsonl", "--method", method,
                             "--temperature", "0", "--prompt", "Name three primary colours.",
-                            "--max-new-tokens", "20", "--draft-model", str(embedded_random_head_dir)],
+                            "--max-new-tokens", "16", "--total-tokens", "16", "--draft-model", str(embedded_random_head_dir)],
                            capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, r.stderr
         lines = [json.loads(line) for line in r.stdout.splitlines()]
