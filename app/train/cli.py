@@ -56,15 +56,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--noise", type=float, default=0.05, help="input-feature noise, as a fraction of feature std")
     p.add_argument("--ttt-steps", type=int, default=1,
                    help="training-time-test unroll: 1 = plain EAGLE-1, k = also train on k-1 own predictions")
+    p.add_argument("--kl-fraction", type=float, default=1.0,
+                   help="share of positions (random) that get the soft cross-entropy; the rest only regression")
     p.add_argument("--fp32-lm-head", action="store_true",
                    help="LM-head matmuls of the loss in float32 (default: bf16 autocast, faster on CPU)")
-    p.add_argument("--train-minutes", type=float, default=None, help="stop (and save) after this many minutes")
+    p.add_argument("--train-minutes", type=float, default=None,
+                   help="training-time budget of the run (summed over resumes); the LR schedule follows it")
+    p.add_argument("--holdout", nargs="*", default=[],
+                   help="feature shard file names kept out of training, for held-out acceptance by depth")
     p.add_argument("--checkpoint-every", type=int, default=100, help="optimiser steps between checkpoints")
     p.add_argument("--run-name", default="main", help="checkpoint folder name under <work-dir>/runs")
     p.add_argument("--init-from", default=None, help="start training from this head folder")
     # eval
-    p.add_argument("--eval-prompts", type=int, default=10, help="mt_bench first turns used by stage eval")
+    p.add_argument("--eval-prompts", type=int, default=10, help="number of first turns used by stage eval")
+    p.add_argument("--eval-offset", type=int, default=0, help="first prompt index used by stage eval")
     p.add_argument("--eval-set", default="mt_bench")
+    p.add_argument("--eval-out", default=None, help="write the eval result as JSON here")
     p.add_argument("--eval-new-tokens", type=int, default=256)
 
 

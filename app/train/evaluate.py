@@ -15,9 +15,10 @@ from app.train.data import log
 from app.train.prompts import EVAL_DIR
 
 
-def first_turns(name: str, n: int | None, eval_dir: Path = EVAL_DIR) -> list[str]:
+def first_turns(name: str, n: int | None, eval_dir: Path = EVAL_DIR, offset: int = 0) -> list[str]:
+    """First user turns of an evaluation set: ``n`` of them from ``offset`` (None = all)."""
     rows = [json.loads(line) for line in (Path(eval_dir) / f"{name}.jsonl").read_text().splitlines() if line.strip()]
-    return [r["turns"][0] for r in rows[:n]]
+    return [r["turns"][0] for r in rows[offset:None if n is None else offset + n]]
 
 
 def measure_tau(engine, prompts: list[str], tree: TreeConfig, sampling: SamplingConfig,
@@ -36,7 +37,9 @@ def measure_tau(engine, prompts: list[str], tree: TreeConfig, sampling: Sampling
                 accepted_lengths.append(len(event.accepted))
     reached = [len(accepted_lengths)] + [sum(a >= d for a in accepted_lengths) for d in range(1, tree.depth + 1)]
     by_depth = [reached[d] / reached[d - 1] if reached[d - 1] else 0.0 for d in range(1, tree.depth + 1)]
+    hist = [sum(a == d for a in accepted_lengths) for d in range(tree.depth + 1)]
     return {"prompts": len(prompts), "tau": new_tokens / max(1, forwards), "accepted_by_depth": by_depth,
+            "accepted_length_counts": hist,  # steps that accepted 0, 1, ..., depth drafted tokens
             "new_tokens": new_tokens, "target_forwards": forwards, "tokens_per_s": new_tokens / max(seconds, 1e-9)}
 
 
@@ -48,10 +51,12 @@ def run_eval(args, head_dir: Path) -> dict:
     head = load_draft_head(str(head_dir), target)
     engine = Engine(target, head)
     tree = TreeConfig(method="dynamic", depth=5, top_k=10, total_tokens=60)
-    prompts = first_turns(args.eval_set, args.eval_prompts)
+    prompts = first_turns(args.eval_set, args.eval_prompts, offset=args.eval_offset)
     t0 = time.perf_counter()
     result = measure_tau(engine, prompts, tree, SamplingConfig(temperature=0.0), args.eval_new_tokens)
-    result.update({"set": args.eval_set, "tree": "dynamic total_tokens=60 depth=5 top_k=10", "greedy": True,
+    result.update({"set": args.eval_set, "offset": args.eval_offset, "tree": "dynamic total_tokens=60 depth=5 top_k=10", "greedy": True,
                    "max_new_tokens": args.eval_new_tokens, "wall_s": time.perf_counter() - t0})
     log(f"eval: {json.dumps(result)}")
+    if args.eval_out:
+        Path(args.eval_out).write_text(json.dumps(result, indent=1) + "\n")
     return result

@@ -107,6 +107,7 @@ class LossConfig:
     ttt_steps: int = 1       # 1 = EAGLE-1; k > 1 = EAGLE-3 training-time test unrolled k steps
     ttt_decay: float = 0.8   # weight of unroll step s is ttt_decay ** (s - 1)
     lm_head_bf16: bool = False  # LM-head matmuls in bf16 (CPU autocast): ~1.6x faster here
+    kl_fraction: float = 1.0    # share of positions that get the distribution term
 
 
 def _lm_precision(cfg: "LossConfig"):
@@ -158,8 +159,11 @@ def head_loss(head, lm_head, embedding, batch: dict[str, torch.Tensor], cfg: Los
     stats: dict[str, float] = {}
     inputs: list[torch.Tensor] = []
     valid1 = real & (j >= batch["prompt_lens"][:, None] - 1)            # (B, L) step-1 loss positions
+    # the distribution term costs two (N, V) matmuls per position, the regression almost
+    # nothing: with kl_fraction < 1 it is taken on a random subset of the positions
+    kl_pos = valid1 & (torch.rand(valid1.shape, generator=g) < cfg.kl_fraction)   # (B, L)
     with torch.no_grad(), _lm_precision(cfg):
-        p_all = torch.softmax(lm_head(target[valid1]).float(), -1)     # (N1, V) target p, computed once
+        p_all = torch.softmax(lm_head(target[kl_pos]).float(), -1)     # (K, V) target p, computed once
     for s in range(1, cfg.ttt_steps + 1):
         # loss positions: the chain behind this prediction starts at the true feature
         # f[j-(s-1)], which must be a committed position (>= last prompt token)
@@ -172,11 +176,14 @@ def head_loss(head, lm_head, embedding, batch: dict[str, torch.Tensor], cfg: Los
         pred = head(emb_cat, feats_cat, pos_cat, mask)[:, -L:]         # (B, L, H) this step's f̂[j+1]
         if not bool(valid.any()):
             break
-        pv, tv = pred[valid], target[valid]                            # (N, H)
-        p = p_all[valid[valid1]]                                       # (N, V)
-        reg = F.smooth_l1_loss(pv, tv)
+        reg = F.smooth_l1_loss(pred[valid], target[valid])             # over (N, H)
+        ce_pos = valid & kl_pos                                        # (B, L)
+        if not bool(ce_pos.any()):
+            total = total + cfg.ttt_decay ** (s - 1) * cfg.w_reg * reg
+            break
+        p = p_all[ce_pos[kl_pos]]                                      # (K_s, V)
         with _lm_precision(cfg):
-            logits_q = lm_head(pv).float()                             # (N, V) draft logits
+            logits_q = lm_head(pred[ce_pos]).float()                   # (K_s, V) draft logits
         ce = F.cross_entropy(logits_q, p)                              # soft targets: -Σ p log q
         weight = cfg.ttt_decay ** (s - 1)
         total = total + weight * (cfg.w_reg * reg + cfg.w_kl * ce)
@@ -192,11 +199,12 @@ def head_loss(head, lm_head, embedding, batch: dict[str, torch.Tensor], cfg: Los
 
 # --- the loop ------------------------------------------------------------------------------
 
-def lr_at(step: int, total: int, lr: float, warmup: int) -> float:
-    """Linear warm-up, then cosine decay to 10 % of the peak."""
+def lr_at(progress: float, lr: float, warmup: int, step: int) -> float:
+    """Linear warm-up over ``warmup`` steps, then cosine decay to 10 % of the peak as
+    ``progress`` (fraction of the run done, 0..1) goes to 1."""
     if step < warmup:
         return lr * (step + 1) / warmup
-    frac = min(1.0, (step - warmup) / max(1, total - warmup))
+    frac = min(1.0, max(0.0, progress))
     return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
@@ -210,7 +218,7 @@ class TrainConfig:
     clip: float = 0.5
     seed: int = 0
     checkpoint_every: int = 100
-    max_minutes: float | None = None
+    max_minutes: float | None = None  # training-time budget of the run, summed over resumes
     stop_at_step: int | None = None   # stop (and checkpoint) here, as an interruption would
 
 
@@ -257,11 +265,25 @@ def train(head, target_model, data: FeatureDataset, run_dir: Path, loss_cfg: Los
     bar = tqdm(total=total_steps, initial=start_step, disable=not progress, dynamic_ncols=True,
                mininterval=5, desc="train")
     recent: list[dict] = []
+    budget_s = None if cfg.max_minutes is None else 60 * cfg.max_minutes
+    # where in the data we are: (epoch, batch within it); epochs differ slightly in their
+    # number of batches (the packing follows the shuffle), so steps do not map to them
+    state.setdefault("epoch", state["step"] // per_epoch)
+    state.setdefault("batch", state["step"] % per_epoch)
+    epoch_batches = data.batches(state["epoch"], cfg.seed, cfg.batch_tokens)
     while state["step"] < total_steps:
-        epoch, k = divmod(state["step"], per_epoch)
-        batch_ids = data.batches(epoch, cfg.seed, cfg.batch_tokens)[k]
+        if state["batch"] >= len(epoch_batches):
+            state["epoch"], state["batch"] = state["epoch"] + 1, 0
+            epoch_batches = data.batches(state["epoch"], cfg.seed, cfg.batch_tokens)
+        epoch = state["epoch"]
+        batch_ids = epoch_batches[state["batch"]]
+        # with a time budget the schedule follows whichever runs out first, steps or time,
+        # so a run cut short by its budget still ends with a decayed learning rate
+        progress = state["step"] / total_steps
+        if budget_s is not None:
+            progress = max(progress, state["seconds"] / budget_s)
         for group in opt.param_groups:
-            group["lr"] = lr_at(state["step"], total_steps, cfg.lr, cfg.warmup_steps)
+            group["lr"] = lr_at(progress, cfg.lr, cfg.warmup_steps, state["step"])
         loss, stats = head_loss(head, lm_head, embedding, data.collate(batch_ids), loss_cfg,
                                 data.feature_std, g)
         opt.zero_grad(set_to_none=True)
@@ -269,6 +291,7 @@ def train(head, target_model, data: FeatureDataset, run_dir: Path, loss_cfg: Los
         torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.clip)
         opt.step()
         state["step"] += 1
+        state["batch"] += 1
         state["seconds"] = seconds_before + time.perf_counter() - t_start
         recent = (recent + [stats])[-50:]
         bar.update(1)
@@ -277,7 +300,7 @@ def train(head, target_model, data: FeatureDataset, run_dir: Path, loss_cfg: Los
         if state["step"] % 10 == 0:
             state["history"].append({"step": state["step"], "epoch": epoch, **{
                 key: sum(r.get(key, 0.0) for r in recent) / len(recent) for key in stats}})
-        out_of_time = (cfg.max_minutes is not None and time.perf_counter() - t_start > 60 * cfg.max_minutes) \
+        out_of_time = (budget_s is not None and state["seconds"] > budget_s) \
             or (cfg.stop_at_step is not None and state["step"] >= cfg.stop_at_step)
         if state["step"] % cfg.checkpoint_every == 0 or state["step"] == total_steps or out_of_time:
             save()
@@ -287,6 +310,27 @@ def train(head, target_model, data: FeatureDataset, run_dir: Path, loss_cfg: Los
     bar.close()
     head.eval()
     return state
+
+
+@torch.no_grad()
+def validate(head, target_model, data: FeatureDataset, steps: int = 5, batch_tokens: int = 2048,
+             max_batches: int | None = None) -> dict[str, float]:
+    """Held-out losses and top-1 agreement at each unroll depth (no noise, float32 LM head).
+
+    acc_s is the chance that the head, fed its own features for s-1 steps (as when drafting
+    at depth s) but the true tokens, puts the target's argmax first: on greedy responses,
+    the acceptance rate of a depth-s chain given its ancestors were accepted.
+    """
+    head.eval()
+    cfg = LossConfig(noise=0.0, ttt_steps=steps)
+    lm_head, embedding = target_model.get_output_embeddings(), target_model.get_input_embeddings()
+    sums: dict[str, float] = {}
+    batches = data.batches(0, 12345, batch_tokens)[:max_batches]
+    for ids in batches:
+        _, stats = head_loss(head, lm_head, embedding, data.collate(ids), cfg, data.feature_std)
+        for k, v in stats.items():
+            sums[k] = sums.get(k, 0.0) + v / len(batches)
+    return sums
 
 
 def run_training(args, work: Path, out: Path) -> dict:
@@ -303,20 +347,27 @@ def run_training(args, work: Path, out: Path) -> dict:
         paths = sorted((work / "features").glob("shard_*.safetensors"))
         run_dir.mkdir(parents=True, exist_ok=True)
         shards_file.write_text(json.dumps([str(p) for p in paths], indent=1))
+    holdout = [p for p in paths if p.name in set(args.holdout)]
+    paths = [p for p in paths if p not in holdout]
     data = FeatureDataset(paths)
     log(f"train: {len(data)} conversations, {data.num_tokens} tokens in {len(paths)} shards, "
         f"feature std {data.feature_std:.3f}")
     torch.manual_seed(args.seed)  # the head's initial weights (nn.Linear's own initialisers)
     head = DraftHead.load(args.init_from) if args.init_from else DraftHead(head_config_for(target.model.config))
     loss_cfg = LossConfig(w_reg=args.w_reg, w_kl=args.w_kl, noise=args.noise, ttt_steps=args.ttt_steps,
-                          lm_head_bf16=not args.fp32_lm_head)
+                          lm_head_bf16=not args.fp32_lm_head, kl_fraction=args.kl_fraction)
     cfg = TrainConfig(epochs=args.epochs, batch_tokens=args.batch_tokens, lr=args.lr,
                       weight_decay=args.weight_decay, warmup_steps=args.warmup_steps, clip=args.clip,
                       seed=args.seed, checkpoint_every=args.checkpoint_every, max_minutes=args.train_minutes)
     state = train(head, target.model, data, run_dir, loss_cfg, cfg)
     head.save(out)
+    val = None
+    if holdout:
+        val = validate(head, target.model, FeatureDataset(holdout))
+        log("train: held-out " + ", ".join(f"{k} {v:.3f}" for k, v in sorted(val.items())))
     (run_dir / "summary.json").write_text(json.dumps(
         {"state": state, "tokens": data.num_tokens, "conversations": len(data), "shards": len(paths),
+         "holdout": [str(p) for p in holdout], "validation": val,
          "loss_config": loss_cfg.__dict__, "train_config": cfg.__dict__}, indent=1))
     log(f"train: saved head to {out} after step {state['step']} ({state['seconds'] / 60:.1f} min)")
     return state
