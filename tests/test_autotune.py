@@ -95,6 +95,7 @@ def test_cost_cache_round_trip(tmp_path, monkeypatch):
         return real(*a, **kw)
 
     monkeypatch.setattr(autotune, "measure_forward_costs", counting)
+    monkeypatch.setattr(autotune, "_load_average", lambda: 0.5)   # an idle machine, whatever runs beside us
     sizes = (1, 4, 8)
     first = autotune.forward_cost_curve(target, sizes=sizes, prefix_len=16, repeats=1, warmup=0)
     second = autotune.forward_cost_curve(target, sizes=sizes, prefix_len=16, repeats=1, warmup=0)
@@ -104,9 +105,14 @@ def test_cost_cache_round_trip(tmp_path, monkeypatch):
     path = autotune.cost_cache_path(autotune.cost_cache_key(target))
     assert path.is_file() and str(path).startswith(str(tmp_path))
     assert autotune.load_cost_curve(path).key["model"] == target.name
-    path.write_text("{not json")                     # a corrupt cache is measured again, not trusted
+    stale = json.loads(path.read_text())                 # measured on an overloaded machine, now idle:
+    stale["key"]["load"] = 1e6                           # measured again
+    path.write_text(json.dumps(stale))
     autotune.forward_cost_curve(target, sizes=sizes, prefix_len=16, repeats=1, warmup=0)
     assert len(calls) == 2
+    path.write_text("{not json")                     # a corrupt cache is measured again, not trusted
+    autotune.forward_cost_curve(target, sizes=sizes, prefix_len=16, repeats=1, warmup=0)
+    assert len(calls) == 3
 
 
 def test_choose_tree_end_to_end_on_a_tiny_model(tmp_path, monkeypatch):

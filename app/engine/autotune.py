@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -198,8 +199,24 @@ def measure_forward_costs(target, sizes=DEFAULT_SIZES, prefix_len: int = DEFAULT
     for n in sizes:
         running = max(running, best[n])
         ms.append(running)
-    key = dict(cost_cache_key(target), raw_ms=[best[n] for n in sizes])
+    key = dict(cost_cache_key(target), raw_ms=[best[n] for n in sizes], load=_load_average())
     return CostCurve(sizes=sizes, ms=ms, key=key)
+
+
+def _load_average() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return None
+
+
+def _measured_under_load(curve: CostCurve) -> bool:
+    """A CPU curve measured while the machine was overloaded (load > cores) is re-measured
+    once the load has halved: other processes inflate T(n), unevenly across sizes."""
+    then, now = curve.key.get("load"), _load_average()
+    cores = os.cpu_count() or 1
+    return curve.key.get("device") == "cpu" and then is not None and now is not None \
+        and then > cores and now < then / 2
 
 
 def forward_cost_curve(target, sizes=DEFAULT_SIZES, refresh: bool = False, **kw) -> CostCurve:
@@ -208,8 +225,8 @@ def forward_cost_curve(target, sizes=DEFAULT_SIZES, refresh: bool = False, **kw)
     path = cost_cache_path(key)
     if not refresh:
         curve = load_cost_curve(path)
-        if curve is not None and {k: v for k, v in curve.key.items() if k != "raw_ms"} == key \
-                and set(sizes) <= set(curve.sizes):
+        if curve is not None and {k: v for k, v in curve.key.items() if k not in ("raw_ms", "load")} == key \
+                and set(sizes) <= set(curve.sizes) and not _measured_under_load(curve):
             return curve
     curve = measure_forward_costs(target, sizes=sizes, **kw)
     save_cost_curve(curve, path)
