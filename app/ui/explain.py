@@ -22,7 +22,11 @@ Speculative decoding lets a small *draft* make guesses that the target checks al
    the target's own token at that point — the **bonus token** — is added for free.
 
 So each step yields **accepted draft tokens + 1 bonus token** for one target forward; the mean
-of that count is **τ**. Because the draft is cheap, τ ≈ the speedup. EAGLE-2's key observation,
+of that count is **τ**. When the draft is cheap and a forward over the tree costs about as much
+as a forward over one token (a big model on a GPU), τ ≈ the speedup. A small model on a CPU
+breaks both assumptions — the head costs a sizeable share of the target, and 25 tokens cost
+several times one — so there the race can show a speedup below 1 even with τ > 1: the race
+measures, it does not assume. EAGLE-2's key observation,
 shown in *Insights → calibration*, is that draft confidence closely tracks the real acceptance
 rate, so spending the tree's budget on confident nodes pays.
 
