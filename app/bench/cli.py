@@ -81,7 +81,8 @@ def _command(args) -> str:
     parts = ["python -m app bench", f"--suite {args.suite}", f"--limit {args.limit}", f"--methods {args.methods}",
              f"--max-new-tokens {args.max_new_tokens}", f"--temperature {args.temperature}"]
     for flag in ("depth", "top_k", "total_tokens"):
-        parts.append(f"--{flag.replace('_', '-')} {getattr(args, flag)}")
+        if getattr(args, flag, None) is not None:
+            parts.append(f"--{flag.replace('_', '-')} {getattr(args, flag)}")
     for flag in ("base_model", "draft_model"):
         if getattr(args, flag):
             parts.append(f"--{flag.replace('_', '-')} {getattr(args, flag)}")
