@@ -1,8 +1,9 @@
-"""`python -m app train`: prompts -> self-distilled responses -> features -> head -> tau.
+"""`python -m app train`: prompts -> self-distilled responses + features -> head -> tau.
 
-Every stage is resumable: data stages skip shards that already exist, training resumes from
-its last checkpoint. ``--stage data`` interleaves generate and features shard by shard, so
-that whatever has finished when the run is stopped is usable for training.
+Every stage is resumable: the data stage skips shards that already exist (and, with lock
+files, shares the work between several workers), training resumes from its last
+checkpoint. ``--stage data`` writes one shard of 64 answered prompts with their features at
+a time, so whatever has finished when the run is stopped is usable for training.
 
 Examples::
 
@@ -64,6 +65,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="training-time budget of the run (summed over resumes); the LR schedule follows it")
     p.add_argument("--holdout", nargs="*", default=[],
                    help="feature shard file names kept out of training, for held-out acceptance by depth")
+    p.add_argument("--val-batches", type=int, default=None,
+                   help="held-out batches (of 2048 tokens) for validation; default all")
     p.add_argument("--checkpoint-every", type=int, default=100, help="optimiser steps between checkpoints")
     p.add_argument("--run-name", default="main", help="checkpoint folder name under <work-dir>/runs")
     p.add_argument("--init-from", default=None, help="start training from this head folder")

@@ -363,7 +363,7 @@ def run_training(args, work: Path, out: Path) -> dict:
     head.save(out)
     val = None
     if holdout:
-        val = validate(head, target.model, FeatureDataset(holdout))
+        val = validate(head, target.model, FeatureDataset(holdout), max_batches=args.val_batches)
         log("train: held-out " + ", ".join(f"{k} {v:.3f}" for k, v in sorted(val.items())))
     (run_dir / "summary.json").write_text(json.dumps(
         {"state": state, "tokens": data.num_tokens, "conversations": len(data), "shards": len(paths),
