@@ -67,6 +67,9 @@ def auto_tree(engine, base: TreeConfig) -> TreeConfig:
 
     tree, report = choose_tree(engine, base=base, progress=lambda m: print(f"[auto] {m}", file=sys.stderr, flush=True))
     print(f"[auto] {report.summary()}", file=sys.stderr, flush=True)
+    if not report.beats_vanilla:
+        print("[auto] note: with this head on this machine vanilla decoding is predicted to be faster; "
+              "decoding with the tree anyway, as asked (--method vanilla for the baseline)", file=sys.stderr, flush=True)
     return tree
 
 
