@@ -12,7 +12,7 @@ variety, not for their answers. Here every prompt is built offline from:
 
 None of it is taken from an evaluation set, and ``filter_overlapping`` drops any prompt that
 is an exact or near duplicate (normalised word n-gram Jaccard or containment) of any turn of
-any set in ``shared/data/eval``; a test checks the result again.
+any set in ``data/eval`` (copied from shared/data/eval); a test checks the result again.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import torch
 
 from app.engine.loading import REPO_ROOT
 
-EVAL_DIR = REPO_ROOT.parent / "shared" / "data" / "eval"
+EVAL_DIR = REPO_ROOT / "data" / "eval"   # the evaluation sets, copied into the repo with attribution
 
 
 @dataclass(frozen=True)
