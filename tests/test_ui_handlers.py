@@ -318,3 +318,19 @@ def test_gpu_decorator_is_a_no_op_off_zerogpu(monkeypatch):
         return 1
 
     assert gpu(f) is f
+
+
+def test_load_context_uses_the_heads_draft_vocabulary(tiny, tmp_path, monkeypatch):
+    """The app's engine drafts from the vocabulary shipped beside the head, like the CLI's."""
+    import json
+
+    from app.engine import loading
+    from app.ui import settings
+    from app.ui.settings import ServerConfig
+
+    target, head = tiny
+    head.save(tmp_path)
+    (tmp_path / "draft_vocab.json").write_text(json.dumps({"token_ids": list(range(3, 100))}))
+    monkeypatch.setattr(loading, "load_target", lambda *a, **k: target)
+    ctx = settings.load_context(ServerConfig(draft_model=str(tmp_path)))
+    assert ctx.has_head and ctx.engine.draft_vocab.tolist() == list(range(3, 100))

@@ -88,7 +88,7 @@ class AppContext:
 def load_context(config: ServerConfig | None = None) -> AppContext:
     """Load the target and, if it exists, the draft head named by the server config."""
     from app.engine.engine import Engine
-    from app.engine.loading import load_draft_head, load_target
+    from app.engine.loading import load_draft_head, load_draft_vocab, load_target
 
     config = config or ServerConfig.from_env()
     target = load_target(config.base_model, device=config.device, dtype=config.dtype)
@@ -100,7 +100,9 @@ def load_context(config: ServerConfig | None = None) -> AppContext:
     head_name = config.draft_model or "shipped head models/eagle-smollm2-135m-instruct"
     note = (f"target **{target.name}** on {target.device.type} ({str(target.dtype).replace('torch.', '')}); "
             + (f"draft head: {head_name}" if head is not None else "no draft head"))
-    return AppContext(Engine(target, head, limits=config.limits), config, note, missing)
+    # the head's reduced draft vocabulary, when it ships one (drafting only; output is unchanged)
+    vocab = load_draft_vocab(head.folder, target.model.config.vocab_size) if head is not None else None
+    return AppContext(Engine(target, head, limits=config.limits, draft_vocab=vocab), config, note, missing)
 
 
 def gpu(fn):
