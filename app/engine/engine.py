@@ -50,6 +50,7 @@ class _Run:
     pending_features: torch.Tensor | None  # (1, P, H) features f[j] of pairs not yet read by the head
     pending_tokens: list[int]          # the P tokens x[j+1] of those pairs
     generator: torch.Generator
+    text: str = ""                     # decoded generated text so far (so each step decodes once)
 
 
 class Engine:
@@ -211,8 +212,8 @@ class Engine:
                 break
         run.tokens.extend(accepted + [bonus])
 
-        before = self.decode(generated)
-        text = self.decode(generated + new_tokens)[len(before):]
+        full = self.decode(generated + new_tokens)   # decoding the whole answer keeps multi-token characters intact
+        text, run.text = full[len(run.text):], full
         record = self._tree_record(root, tree, path, parent_rows, batch, sampling) if tree_cfg.uses_draft else None
         sync()
         t3 = time.perf_counter()
