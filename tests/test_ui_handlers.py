@@ -123,6 +123,45 @@ def test_stop_ends_step_mode_and_frees_the_run(ctx):
     assert session.stepper is None and stepper.gi_frame is None and "stopped after 1 step" in view["status"]
 
 
+@pytest.mark.parametrize("phase", ["decoding with", "racing vanilla"])
+def test_stop_is_the_last_word(ctx, phase):
+    """Stop in either phase: once ``stop`` returns, the running handler has ended and yields
+    nothing more, so no late "decoding…" update can overwrite "stopped after" on the page.
+    The consumer thread plays Gradio: it pulls views and is paused inside the phase."""
+    import threading
+
+    session, views = Session(), []
+    reached, proceed = threading.Event(), threading.Event()
+
+    def consume():
+        for view in handlers.generate(ctx, session, **{**BASE, "max_new_tokens": 60}):
+            views.append(view)
+            if phase in view.get("status", "") and not reached.is_set():
+                reached.set()
+                proceed.wait(30)
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    assert reached.wait(60)
+    result = {}
+    stopper = threading.Thread(target=lambda: result.update(handlers.stop(session)))
+    stopper.start()
+    stopper.join(0.3)
+    assert stopper.is_alive()          # Stop waits for the handler, which is paused mid-phase
+    n = len(views)
+    proceed.set()
+    stopper.join(30)
+    consumer.join(30)
+    assert not stopper.is_alive() and not consumer.is_alive() and not session.busy
+    assert len(views) == n             # not one view after Stop
+    assert result["status"].startswith("stopped after")
+    assert session.race_vanilla is None and session.trace_path is None   # the race never finished
+    if phase == "racing vanilla":
+        assert "vanilla race was not finished" in result["status"]
+    assert ctx.engine_lock.acquire(timeout=10)   # the engine thread let go of the model
+    ctx.engine_lock.release()
+
+
 def test_closing_generate_closes_the_engine_within_one_step(ctx):
     """What Gradio does on Stop or a closed tab: close the handler generator."""
     seen = []

@@ -162,6 +162,8 @@ def _run_vanilla(ctx: AppContext, session: Session, request: Request):
                     session.vanilla = session.race_vanilla = VanillaRun(key, steps, ev)
                 else:
                     steps.append(ev)
+            if session.stop_requested:
+                return
             if session.race_vanilla is None:
                 yield {"status": f"racing vanilla decoding: {sum(len(s.new_tokens) for s in steps)} tokens…",
                        "race": race_figure(session.steps, steps)}
@@ -174,6 +176,8 @@ def _finish(ctx: AppContext, session: Session, request: Request):
     if request.tree.uses_draft:
         yield {"status": "EAGLE done; racing vanilla decoding…"}
         yield from _run_vanilla(ctx, session, request)
+        if session.stop_requested:
+            return          # Stop during the race: Stop's own message says what is on screen
     path = write_trace(session)
     view = final_view(session, _done_status(session))
     view["trace_file"] = path
@@ -189,42 +193,51 @@ def _done_status(session: Session) -> str:
 
 
 def generate(ctx: AppContext, session: Session, step_mode: bool = False, **raw):
-    """Generate: stream the EAGLE run, then race vanilla. Closing this generator (Stop, a
-    closed tab) stops the engine's thread, which ends generation after the current step."""
+    """Generate: stream the EAGLE run, then race vanilla. Stop sets ``session.stop_requested``,
+    which ends this generator at its next update; closing it (Gradio's cancel, a closed tab)
+    does the same. Either way the engine's thread ends generation after the current step."""
     request = parse(ctx, raw)
     if not isinstance(step_mode, bool):
         raise ValueError(f"step_mode must be true or false, got {step_mode!r}")
-    events = ctx.engine.generate(request.prompt, tree=request.tree, sampling=request.sampling,
-                                 max_new_tokens=request.max_new_tokens)
-    session.start(request.settings(), _model_info(ctx))
-    cached = session.vanilla.steps if session.vanilla and session.vanilla.key == request.vanilla_key() else None
-    if step_mode:
-        yield {**live_view(session, "prefill…", cached), "trace_file": None}
-        session.stepper, session.stepper_request = events, request
-        yield from step(ctx, session)
-        return
-    t0 = time.perf_counter()
-    run = BackgroundRun(events, ctx.engine_lock)   # the engine starts (prefill) in its own thread now
-    try:
-        yield {**live_view(session, "prefill…", cached), "trace_file": None}   # drawn meanwhile
-        for batch in run.batches(ctx.config.update_interval_s):
-            for ev in batch:
-                if ev.type == "summary":
-                    session.summary = ev
-                else:
-                    session.steps.append(ev)
-            if session.summary is None:
-                yield live_view(session, f"decoding with {request.tree.method}…", cached)
-    finally:
-        run.close()
-    session.app_seconds = time.perf_counter() - t0
-    yield live_view(session, "EAGLE done" if request.tree.uses_draft else "done", cached)
-    yield from _finish(ctx, session, request)
+    with session.running():
+        events = ctx.engine.generate(request.prompt, tree=request.tree, sampling=request.sampling,
+                                     max_new_tokens=request.max_new_tokens)
+        session.start(request.settings(), _model_info(ctx))
+        cached = session.vanilla.steps if session.vanilla and session.vanilla.key == request.vanilla_key() else None
+        if step_mode:
+            yield {**live_view(session, "prefill…", cached), "trace_file": None}
+            session.stepper, session.stepper_request = events, request
+            yield from _step(ctx, session)
+            return
+        t0 = time.perf_counter()
+        run = BackgroundRun(events, ctx.engine_lock)   # the engine starts (prefill) in its own thread now
+        try:
+            yield {**live_view(session, "prefill…", cached), "trace_file": None}   # drawn meanwhile
+            for batch in run.batches(ctx.config.update_interval_s):
+                for ev in batch:
+                    if ev.type == "summary":
+                        session.summary = ev
+                    else:
+                        session.steps.append(ev)
+                if session.stop_requested:
+                    return
+                if session.summary is None:
+                    yield live_view(session, f"decoding with {request.tree.method}…", cached)
+        finally:
+            run.close()
+        session.app_seconds = time.perf_counter() - t0
+        yield live_view(session, "EAGLE done" if request.tree.uses_draft else "done", cached)
+        yield from _finish(ctx, session, request)
 
 
 def step(ctx: AppContext, session: Session):
     """Step mode: advance the paused generation by exactly one target forward. Between clicks
     nothing holds the worker: the paused generation is just an iterator in the session."""
+    with session.running():
+        yield from _step(ctx, session)
+
+
+def _step(ctx: AppContext, session: Session):
     if session.stepper is None:
         raise ValueError("Nothing to step: tick 'step mode' and press Generate first.")
     request = session.stepper_request
@@ -240,12 +253,19 @@ def step(ctx: AppContext, session: Session):
     yield from _finish(ctx, session, request)
 
 
+STOP_WAIT_S = 30.0   # a run ends within one engine step of Stop; this only bounds a stuck one
+
+
 def stop(session: Session) -> dict:
-    """Stop: end a paused step-mode run (a streaming run is cancelled by Gradio, which closes
-    ``generate``) and show what was produced so far."""
+    """Stop: ask the running handler to end, wait until it has (so no late "decoding…" update
+    lands after this message), end a paused step-mode run, and show what was produced."""
+    session.stop_requested = True
+    session.wait_idle(STOP_WAIT_S)
     session.close()
     steps = session.steps
-    view = {"status": f"stopped after {len(steps)} step{'s' if len(steps) != 1 else ''}."}
+    tail = "; the vanilla race was not finished" if session.summary is not None and session.race_vanilla is None \
+        and session.settings.get("method") != "vanilla" else ""
+    view = {"status": f"stopped after {len(steps)} step{'s' if len(steps) != 1 else ''}{tail}."}
     if steps:
         view.update(slider=(len(steps) - 1, len(steps) - 1), depth=depth_figure(steps),
                     calibration=calibration_figure(steps), per_step=tokens_per_step_figure(steps))
@@ -340,8 +360,16 @@ def explore(ctx: AppContext, session: Session, knob, start, stop, count, **raw):
         raise ValueError("The threshold explorer varies tree knobs: choose an EAGLE method, not vanilla.")
     values = sweep_values(knob, start, stop, count, ctx.config.explore_max_values)
     n = min(request.max_new_tokens, ctx.config.explore_max_new_tokens)
+    with session.running():
+        yield from _explore(ctx, session, knob, request, values, n)
+
+
+def _explore(ctx: AppContext, session: Session, knob: str, request: Request, values: list, n: int):
     results, skipped = [], []
     for i, value in enumerate(values):
+        if session.stop_requested:
+            yield {"explorer_status": f"stopped after {len(results)} of {len(values)} values."}
+            return
         try:
             tree = replace(request.tree, **{knob: value})
         except ValueError as exc:

@@ -3,6 +3,8 @@ global, so visitors cannot see each other's runs. Gradio drops it when the tab c
 ``ServerConfig.session_ttl_s`` idle seconds; ``close`` then ends a paused step-mode run."""
 from __future__ import annotations
 
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -32,6 +34,9 @@ class Session:
     stepper_request: object | None = None             # its validated Request, for the race at the end
     trace_path: str | None = None                     # the last trace written for download
     app_seconds: float | None = None                  # wall time of the EAGLE phase through the handler
+    # Stop. Plain flags, not threading primitives: gr.State deep-copies its initial value.
+    busy: bool = False                                # a Generate / Step / Explore handler is running
+    stop_requested: bool = False                      # Stop was pressed; that handler ends at its next update
 
     def start(self, settings: dict, model: dict, source: str = "live") -> None:
         """Forget the run on screen (not the cached vanilla run) and start a new one."""
@@ -39,6 +44,24 @@ class Session:
         self.settings, self.model, self.source = dict(settings), dict(model), source
         self.steps, self.summary, self.race_vanilla, self.app_seconds = [], None, None, None
         self.vanilla_reused = False
+
+    @contextmanager
+    def running(self):
+        """Mark a handler as running for this visitor; Stop waits for it to end (``wait_idle``)."""
+        self.busy, self.stop_requested = True, False
+        try:
+            yield
+        finally:
+            self.busy = False
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Block until no handler of this visitor runs (or ``timeout_s`` passes). Stop calls it so
+        that its own message is the last one on the page: a generator still running could
+        otherwise overwrite "stopped" with one more "decoding…" update."""
+        deadline = time.monotonic() + timeout_s
+        while self.busy and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return not self.busy
 
     def close(self) -> None:
         """End a paused step-mode generation (frees its KV cache)."""
