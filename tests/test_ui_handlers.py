@@ -42,6 +42,10 @@ def test_generate_streams_then_races(finished):
     assert "identical" in final["speedup"]                 # greedy, float32: lossless
     assert session.summary.token_ids == session.race_vanilla.summary.token_ids
     assert final["slider"] == (len(session.steps) - 1, len(session.steps) - 1)
+    # Only the first view (range 0..max_new_tokens-1) and the final one change the slider's
+    # range: a component update on every view made Gradio rebuild its config and slowed decoding.
+    assert [i for i, v in enumerate(views) if isinstance(v.get("slider"), tuple)] == [0, len(views) - 1]
+    assert views[0]["slider"] == (BASE["max_new_tokens"] - 1, 0)
 
 
 def test_vanilla_is_reused_when_only_tree_knobs_change(ctx, finished):
@@ -373,3 +377,20 @@ def test_load_context_uses_the_heads_draft_vocabulary(tiny, tmp_path, monkeypatc
     monkeypatch.setattr(loading, "load_target", lambda *a, **k: target)
     ctx = settings.load_context(ServerConfig(draft_model=str(tmp_path)))
     assert ctx.has_head and ctx.engine.draft_vocab.tolist() == list(range(3, 100))
+
+
+def test_streamed_updates_resend_instead_of_skipping(ctx):
+    """Gradio rebuilds a component's config for every skipped output (gr.skip() is a property
+    update), which slowed decoding; the stream wrapper resends the last value instead, so once
+    every output has had a value no update skips or updates a property."""
+    import gradio as gr
+
+    from app.ui.blocks import RUN_VIEWS, _stream
+
+    outs = list(_stream(handlers.generate(ctx, Session(), **BASE), RUN_VIEWS))
+    skip = gr.skip()
+    assert skip not in outs[0][:10]                       # the first view sets every output but ...
+    for out in outs[1:-1]:                                # ... then nothing is skipped or rebuilt
+        assert not any(o == skip or isinstance(o, gr.components.Component) for o in out)
+    assert isinstance(outs[-1][RUN_VIEWS.index("trace_file")], gr.DownloadButton)   # the final one
+    assert isinstance(outs[0][RUN_VIEWS.index("slider")], gr.Slider)

@@ -55,6 +55,21 @@ def test_tree_figure_draws_every_status(run):
     assert fig.layout.uirevision == "tree"
 
 
+def test_fast_figures_are_valid_plotly(run):
+    """The live figures skip plotly's validation for speed (style.fast_figure); validating
+    their dicts here catches a misspelt property or a bad value all the same."""
+    import plotly.graph_objects as go
+
+    steps, _ = run
+    vanilla = StepEvent(step=0, method="vanilla", tree=None, accepted=[], bonus=7, new_tokens=[7], text="x")
+    figures = [tree_figure(s) for s in steps] + [tree_figure(None), tree_figure(vanilla),
+                                                  race.race_figure(steps, steps[:3]), race.race_figure([], None)]
+    for fig in figures:
+        go.Figure(fig.to_dict())        # raises ValueError on anything plotly would refuse
+    with pytest.raises(ValueError):
+        go.Figure(style.fast_figure([dict(type="scatter", markr=dict(size=3))], {}).to_dict())
+
+
 def test_tree_figure_without_a_tree():
     vanilla = StepEvent(step=0, method="vanilla", tree=None, accepted=[], bonus=7, new_tokens=[7], text="x")
     assert "vanilla" in tree_figure(vanilla).layout.annotations[0].text

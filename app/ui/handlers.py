@@ -58,7 +58,11 @@ def live_view(session: Session, status: str, vanilla_steps: list[StepEvent] | No
             "tree": tree_figure(last),
             "speedup": f"**{session.settings.get('method', '')}**: {n} tokens in {len(steps)} target forwards, "
                        f"τ = {tau:.2f} tokens/forward, {rate:.1f} tokens/s so far",
-            "slider": (max(len(steps) - 1, 0), max(len(steps) - 1, 0)),
+            # A plain value, not a (maximum, value) component update: Gradio rebuilds a
+            # component's whole config (JSON schema included) on every property update, which
+            # cost the engine ~10% of its speed at 4 updates/s. The run's first view sets the
+            # slider's range once (``_first_view``), the final view shrinks it to the steps made.
+            "slider": max(len(steps) - 1, 0),
             "phases": phase_account(last, len(steps)),
             "race": race_figure(steps, vanilla_steps, eagle_label=session.settings.get("method", "EAGLE"))}
 
@@ -204,15 +208,18 @@ def generate(ctx: AppContext, session: Session, step_mode: bool = False, **raw):
                                      max_new_tokens=request.max_new_tokens)
         session.start(request.settings(), _model_info(ctx))
         cached = session.vanilla.steps if session.vanilla and session.vanilla.key == request.vanilla_key() else None
+        first = {**live_view(session, "prefill…", cached), "trace_file": None,
+                 "slider": (max(request.max_new_tokens - 1, 1), 0),   # no run has more steps than tokens
+                 "depth": None, "calibration": None, "per_step": None}  # the last run's insights go
         if step_mode:
-            yield {**live_view(session, "prefill…", cached), "trace_file": None}
+            yield first
             session.stepper, session.stepper_request = events, request
             yield from _step(ctx, session)
             return
         t0 = time.perf_counter()
         run = BackgroundRun(events, ctx.engine_lock)   # the engine starts (prefill) in its own thread now
         try:
-            yield {**live_view(session, "prefill…", cached), "trace_file": None}   # drawn meanwhile
+            yield first   # drawn meanwhile
             for batch in run.batches(ctx.config.update_interval_s):
                 for ev in batch:
                     if ev.type == "summary":

@@ -33,15 +33,18 @@ def speedup(eagle_steps: list[StepEvent], vanilla_steps: list[StepEvent]) -> flo
 
 def race_figure(eagle_steps: list[StepEvent], vanilla_steps: list[StepEvent] | None,
                 eagle_label: str = "EAGLE", height: int = 300) -> go.Figure:
-    fig = go.Figure(layout=dict(style.BASE_LAYOUT, height=height, uirevision="race",
-                                title=dict(text="speed race: tokens vs decoding time", x=0.01),
-                                xaxis=dict(title="seconds (decoding, after prefill)", rangemode="tozero"),
-                                yaxis=dict(title="tokens", rangemode="tozero"),
-                                legend=dict(x=0.01, y=0.99)))
+    layout = dict(style.BASE_LAYOUT, height=height, uirevision="race",
+                  title=dict(text="speed race: tokens vs decoding time", x=0.01),
+                  xaxis=dict(title=dict(text="seconds (decoding, after prefill)"), rangemode="tozero"),
+                  yaxis=dict(title=dict(text="tokens"), rangemode="tozero"),
+                  legend=dict(x=0.01, y=0.99))
+    data = []
     if eagle_steps:
         x, y = curve(eagle_steps)
-        fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=eagle_label, line=dict(color=style.EAGLE, width=3)))
+        data.append(dict(type="scatter", x=x, y=y, mode="lines", name=eagle_label,
+                         line=dict(color=style.EAGLE, width=3)))
     if vanilla_steps:
         x, y = curve(vanilla_steps)
-        fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name="vanilla", line=dict(color=style.VANILLA, width=2, dash="dot")))
-    return fig
+        data.append(dict(type="scatter", x=x, y=y, mode="lines", name="vanilla",
+                         line=dict(color=style.VANILLA, width=2, dash="dot")))
+    return style.fast_figure(data, layout)

@@ -88,15 +88,14 @@ def tree_figure(step: StepEvent | None, title: str | None = None, bonus_text: st
     ``bonus_text`` labels the bonus node; by default it is the step text after the accepted
     draft tokens (see ``stream.split_step_text``), so no tokenizer is needed.
     """
-    fig = go.Figure(layout=dict(style.BASE_LAYOUT, height=height, uirevision="tree", showlegend=False,
-                                xaxis=dict(visible=False), yaxis=dict(visible=False)))
+    layout = dict(style.BASE_LAYOUT, height=height, uirevision="tree", showlegend=False,
+                  xaxis=dict(visible=False), yaxis=dict(visible=False))
     if step is None or step.tree is None or not len(step.tree):
         caption = ("no draft tree: vanilla decoding (one token per target forward)"
                    if step is not None and step.method == "vanilla" else "no step yet")
-        fig.update_layout(title=dict(text=title or "draft tree", x=0.01),
-                          annotations=[dict(text=caption, showarrow=False, x=0.5, y=0.5,
-                                            xref="paper", yref="paper")])
-        return fig
+        layout.update(title=dict(text=title or "draft tree", x=0.01),
+                      annotations=[dict(text=caption, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")])
+        return style.fast_figure([], layout)
 
     tree = step.tree
     bonus_parent = _bonus_parent(step)
@@ -115,10 +114,10 @@ def tree_figure(step: StepEvent | None, title: str | None = None, bonus_text: st
         (x0, y0), (x1, y1) = pos[ROOT_ID if bonus_parent < 0 else bonus_parent], pos[BONUS_ID]
         green_x += [x0, x1, None]
         green_y += [y0, y1, None]
-    fig.add_trace(go.Scatter(x=grey_x, y=grey_y, mode="lines", hoverinfo="skip",
-                             line=dict(color=style.EDGE, width=1)))
-    fig.add_trace(go.Scatter(x=green_x, y=green_y, mode="lines", hoverinfo="skip",
-                             line=dict(color=style.DRAFT, width=4)))
+    data = [dict(type="scatter", x=grey_x, y=grey_y, mode="lines", hoverinfo="skip",
+                 line=dict(color=style.EDGE, width=1)),
+            dict(type="scatter", x=green_x, y=green_y, mode="lines", hoverinfo="skip",
+                 line=dict(color=style.DRAFT, width=4))]
 
     # Draft nodes.
     p = tree.p if tree.p is not None else [None] * n
@@ -129,8 +128,8 @@ def tree_figure(step: StepEvent | None, title: str | None = None, bonus_text: st
         f"<br>depth: {tree.depths[i]}<br>q (draft): {_fmt(tree.q[i])}<br>p (target): {_fmt(p[i])}"
         f"<br>confidence: {_fmt(tree.confidence[i])}"
         for i in range(n)]
-    fig.add_trace(go.Scatter(
-        x=[pos[i][0] for i in range(n)], y=[pos[i][1] for i in range(n)],
+    data.append(dict(
+        type="scatter", x=[pos[i][0] for i in range(n)], y=[pos[i][1] for i in range(n)],
         mode="markers+text", text=[show_token(t) for t in tree.texts], textposition="bottom center",
         textfont=dict(size=10), hovertext=hover, hoverinfo="text",
         marker=dict(size=[16 if s == "accepted" else 12 for s in tree.status],
@@ -142,21 +141,21 @@ def tree_figure(step: StepEvent | None, title: str | None = None, bonus_text: st
                               width=[3 if s != "unreached" else 1 for s in tree.status]))))
 
     # The root (last committed token) and the bonus token (the target's own node).
-    fig.add_trace(go.Scatter(x=[pos[ROOT_ID][0]], y=[pos[ROOT_ID][1]], mode="markers+text",
-                             text=["root"], textposition="top center", hoverinfo="text",
-                             hovertext=[f"root: the last committed token (id {tree.root_token})"],
-                             marker=dict(size=14, symbol="square", color=style.ROOT)))
+    data.append(dict(type="scatter", x=[pos[ROOT_ID][0]], y=[pos[ROOT_ID][1]], mode="markers+text",
+                     text=["root"], textposition="top center", hoverinfo="text",
+                     hovertext=[f"root: the last committed token (id {tree.root_token})"],
+                     marker=dict(size=14, symbol="square", color=style.ROOT)))
     if bonus_parent is not None:
         if bonus_text is None:
             bonus_text = split_step_text(step)[1]
         label = show_token(bonus_text)
-        fig.add_trace(go.Scatter(x=[pos[BONUS_ID][0]], y=[pos[BONUS_ID][1]], mode="markers+text",
-                                 text=[label], textposition="bottom center", hoverinfo="text",
-                                 hovertext=[f"<b>{label}</b> (id {step.bonus})<br>bonus token: the target's own "
-                                            "choice after the accepted path"],
-                                 marker=dict(size=16, symbol="diamond", color=style.BONUS)))
+        data.append(dict(type="scatter", x=[pos[BONUS_ID][0]], y=[pos[BONUS_ID][1]], mode="markers+text",
+                         text=[label], textposition="bottom center", hoverinfo="text",
+                         hovertext=[f"<b>{label}</b> (id {step.bonus})<br>bonus token: the target's own "
+                                    "choice after the accepted path"],
+                         marker=dict(size=16, symbol="diamond", color=style.BONUS)))
     accepted = len(step.accepted)
-    fig.update_layout(title=dict(text=title or (
+    layout["title"] = dict(text=title or (
         f"step {step.step}: {n} draft nodes, {accepted} accepted"
-        f"{' + bonus' if bonus_parent is not None else ''}"), x=0.01))
-    return fig
+        f"{' + bonus' if bonus_parent is not None else ''}"), x=0.01)
+    return style.fast_figure(data, layout)
