@@ -105,9 +105,13 @@ def test_cost_cache_round_trip(tmp_path, monkeypatch):
     path = autotune.cost_cache_path(autotune.cost_cache_key(target))
     assert path.is_file() and str(path).startswith(str(tmp_path))
     assert autotune.load_cost_curve(path).key["model"] == target.name
-    stale = json.loads(path.read_text())                 # measured on an overloaded machine, now idle:
-    stale["key"]["load"] = 1e6                           # measured again
-    path.write_text(json.dumps(stale))
+    cached = json.loads(path.read_text())
+    cached["key"]["load"] = 0.9                          # measured on a quiet machine: kept
+    path.write_text(json.dumps(cached))
+    autotune.forward_cost_curve(target, sizes=sizes, prefix_len=16, repeats=1, warmup=0)
+    assert len(calls) == 1
+    cached["key"]["load"] = 1.2                          # beside one busy process (fewer than the
+    path.write_text(json.dumps(cached))                  # cores), the machine now idle: measured again
     autotune.forward_cost_curve(target, sizes=sizes, prefix_len=16, repeats=1, warmup=0)
     assert len(calls) == 2
     path.write_text("{not json")                     # a corrupt cache is measured again, not trusted
@@ -120,6 +124,7 @@ def test_choose_tree_end_to_end_on_a_tiny_model(tmp_path, monkeypatch):
     from tests.tiny import tiny_target, trained_head
 
     monkeypatch.setenv("EAGLE_LENS_CACHE", str(tmp_path))
+    monkeypatch.setattr(autotune, "_load_average", lambda: 0.3)   # quiet, whatever runs beside us
     target = tiny_target()
     engine = Engine(target, trained_head(target, steps=60))
     settings = {"prompts": ("w5 w6 w7", "w9 w10"), "depth": 4, "top_k": 4, "total_tokens": 24,
@@ -130,6 +135,17 @@ def test_choose_tree_end_to_end_on_a_tiny_model(tmp_path, monkeypatch):
     assert len(list((tmp_path / "autotune").glob("*.json"))) == 2   # cost curve + calibration cached
     again, _ = autotune.choose_tree(engine, calibration=settings)
     assert again == tree
+    # A calibration timed on a busy machine is redone once the machine is quiet.
+    calls = []
+    real = autotune.calibrate
+    monkeypatch.setattr(autotune, "calibrate", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    autotune.choose_tree(engine, calibration=settings)
+    assert calls == []
+    path = next((tmp_path / "autotune").glob("calib-*.json"))
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "load": 1.5}))
+    autotune.choose_tree(engine, calibration=settings)
+    assert calls == [1] and json.loads(path.read_text())["load"] == 0.3
     with pytest.raises(ValueError, match="dynamic"):
         autotune.choose_tree(engine, method="chain")
     with pytest.raises(ValueError, match="head"):

@@ -210,13 +210,23 @@ def _load_average() -> float | None:
         return None
 
 
+BUSY_LOAD = 1.0   # load average at which a timing is suspect: another process had a core
+
+
+def _timed_under_load(then: float | None, device: str | None) -> bool:
+    """True for a CPU timing taken while the machine was busy (1-minute load average >=
+    ``BUSY_LOAD``) when the machine is now at most half as busy: re-measure it.
+
+    Why this threshold: the engine uses every core, so one other busy process (load ~1) already
+    inflates T(n) by up to 2x, and unevenly across sizes, which moves the chosen tree. (The
+    first rule, load > cores, let a curve timed beside one training job stand for good.)
+    """
+    now = _load_average()
+    return device == "cpu" and then is not None and now is not None and then >= BUSY_LOAD and now < then / 2
+
+
 def _measured_under_load(curve: CostCurve) -> bool:
-    """A CPU curve measured while the machine was overloaded (load > cores) is re-measured
-    once the load has halved: other processes inflate T(n), unevenly across sizes."""
-    then, now = curve.key.get("load"), _load_average()
-    cores = os.cpu_count() or 1
-    return curve.key.get("device") == "cpu" and then is not None and now is not None \
-        and then > cores and now < then / 2
+    return _timed_under_load(curve.key.get("load"), curve.key.get("device"))
 
 
 def forward_cost_curve(target, sizes=DEFAULT_SIZES, refresh: bool = False, **kw) -> CostCurve:
@@ -249,6 +259,7 @@ class Calibration:
     top_k: int
     total_tokens: int
     key: dict = field(default_factory=dict)
+    load: float | None = None      # 1-minute load average when it was measured (CPU timings)
 
     def tau(self, depth: int, total: int) -> tuple[float, float]:
         """(measured, confidence-estimated) tokens per step for EAGLE-2's tree of ``total``
@@ -330,12 +341,12 @@ def cached_calibration(engine, refresh: bool = False, **kw) -> Calibration:
     if not refresh:
         try:
             data = json.loads(path.read_text())
-            if data.get("key") == key:
+            if data.get("key") == key and not _timed_under_load(data.get("load"), key.get("device")):
                 return Calibration(**data)
         except (OSError, ValueError, TypeError):
             pass
     cal = calibrate(engine, **kw)
-    cal.key = key
+    cal.key, cal.load = key, _load_average()   # its step timings are as trustworthy as this load
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(asdict(cal)) + "\n")
