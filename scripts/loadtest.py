@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import socket
 import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from urllib.parse import urlparse
 
 import numpy as np
@@ -189,41 +191,64 @@ def stop_latency(url: str, settings: dict, wait_updates: int = 2) -> dict:
 
 # --- speed: app vs engine ------------------------------------------------------------------------
 
-def app_vs_engine(url: str, engine, settings: dict, repeats: int = 5) -> dict:
-    """Wall-clock tokens/s of the EAGLE phase through the page (submit -> the update saying the
-    EAGLE run is done, as a client sees it) against the same engine iterated in a tight loop.
-    Both include the prefill. Runs alternate (engine, app, engine, app, ...) so that the load
-    of a shared machine hits both alike; the ratio is the median of the per-pair ratios."""
+def time_app_run(url: str, settings: dict, timeout: float = 600) -> float:
+    """Seconds from submitting ``settings`` to /generate until the update saying the EAGLE run
+    is done arrives at this client."""
     from gradio_client import Client
-
-    from app.engine.config import SamplingConfig, TreeConfig
 
     check_loopback(url)
     client = Client(url, verbose=False, download_files=False)
-    tree = TreeConfig(method=settings["method"], depth=settings.get("depth", 5), top_k=settings.get("top_k", 8),
-                      total_tokens=settings.get("total_tokens", 24))
+    job = client.submit(**settings, api_name="/generate")
+    t0 = time.perf_counter()
+    seen, t_done, deadline = 0, None, time.monotonic() + timeout
+    while t_done is None and time.monotonic() < deadline:
+        outs = job.outputs()
+        for out in outs[seen:]:
+            if str(out[0]).startswith(("EAGLE done", "done")):
+                t_done = time.perf_counter()
+                break
+        seen = len(outs)
+        if job.done() and t_done is None:
+            t_done = time.perf_counter()
+        time.sleep(0.01)
+    job.result()
+    if t_done is None:
+        raise TimeoutError(f"no 'done' update within {timeout} s")
+    return t_done - t0
+
+
+def _client_process(url: str, settings: dict) -> subprocess.Popen:
+    """A client in its own process, as a browser is: its Python must not share the server's
+    GIL. It connects at once, then waits for a line on stdin before submitting, so that its
+    start-up (importing gradio_client) is not timed."""
+    code = ("import json, sys; sys.path.insert(0, %r); from scripts.loadtest import time_app_run; "
+            "from gradio_client import Client; sys.stdin.readline(); "
+            "print(time_app_run(%r, json.loads(%r)), flush=True)") % (REPO, url, json.dumps(settings))
+    return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+def app_vs_engine(url: str, engine, settings: dict, tree, repeats: int = 5) -> dict:
+    """Wall-clock tokens/s of the EAGLE phase through the page (submit -> the update saying the
+    EAGLE run is done, as a client in another process sees it) against the same engine, with
+    the same tree (``tree``: what the app decodes with for ``settings``), iterated in a tight
+    loop. Both include the prefill. Runs alternate (engine, app, engine, app, ...) so that the
+    load of a shared machine hits both alike; the ratio is the median of the per-pair ratios."""
+    from app.engine.config import SamplingConfig
+
+    check_loopback(url)
     sampling = SamplingConfig(temperature=settings["temperature"])
     engine_rates, app_rates = [], []
     for _ in range(repeats):
+        client = _client_process(url, settings)
+        time.sleep(3.0)                                # its imports, before anything is timed
         t0 = time.perf_counter()
         summary = list(engine.generate(settings["prompt"], tree=tree, sampling=sampling,
                                        max_new_tokens=settings["max_new_tokens"]))[-1]
         engine_rates.append(summary.new_tokens / (time.perf_counter() - t0))
-        job = client.submit(**settings, api_name="/generate")
-        t0 = time.perf_counter()
-        seen, t_done, deadline = 0, None, time.monotonic() + 600
-        while t_done is None and time.monotonic() < deadline:
-            outs = job.outputs()
-            for out in outs[seen:]:
-                if str(out[0]).startswith(("EAGLE done", "done")):
-                    t_done = time.perf_counter()
-                    break
-            seen = len(outs)
-            if job.done() and t_done is None:
-                t_done = time.perf_counter()
-            time.sleep(0.005)
-        job.result()
-        app_rates.append(summary.new_tokens / (t_done - t0))
+        out, _ = client.communicate("go\n", timeout=900)
+        if client.returncode != 0:
+            raise RuntimeError(f"client failed (exit {client.returncode})")
+        app_rates.append(summary.new_tokens / float(out.strip().splitlines()[-1]))
     ratios = [a / e for a, e in zip(app_rates, engine_rates)]
     return {"engine_tokens_per_s": float(np.median(engine_rates)), "app_tokens_per_s": float(np.median(app_rates)),
             "ratio": float(np.median(ratios)), "ratios": ratios, "tokens": summary.new_tokens,
@@ -286,7 +311,9 @@ def speed_in_process(args) -> dict:
                             **launch_kwargs(ctx.config))
     try:
         settings = dict(prompt=args.prompt, method=args.method, max_new_tokens=args.max_new_tokens, temperature=0.0)
-        return app_vs_engine(url, ctx.engine, settings, repeats=args.repeats)
+        tree = replace(ctx.tree_defaults, method=args.method)   # what the page decodes these settings with
+        print(f"tree: {tree}", flush=True)
+        return app_vs_engine(url, ctx.engine, settings, tree, repeats=args.repeats)
     finally:
         demo.close()
 

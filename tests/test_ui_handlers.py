@@ -348,7 +348,7 @@ def test_missing_head_is_reported_never_replaced(tiny, monkeypatch):
 
     monkeypatch.setattr(loading, "load_target", lambda *a, **k: target)
     monkeypatch.setattr(loading, "load_draft_head", no_head)
-    ctx = settings.load_context(ServerConfig())
+    ctx = settings.load_context(ServerConfig())          # auto_tree on: skipped without a head
     assert not ctx.has_head and ctx.engine.head is None and "no trained draft head" in ctx.head_missing
 
 
@@ -375,8 +375,35 @@ def test_load_context_uses_the_heads_draft_vocabulary(tiny, tmp_path, monkeypatc
     head.save(tmp_path)
     (tmp_path / "draft_vocab.json").write_text(json.dumps({"token_ids": list(range(3, 100))}))
     monkeypatch.setattr(loading, "load_target", lambda *a, **k: target)
-    ctx = settings.load_context(ServerConfig(draft_model=str(tmp_path)))
+    ctx = settings.load_context(ServerConfig(draft_model=str(tmp_path), auto_tree=False))
     assert ctx.has_head and ctx.engine.draft_vocab.tolist() == list(range(3, 100))
+
+
+def test_load_context_sizes_the_default_tree_for_this_machine(tiny, tmp_path, monkeypatch):
+    """With auto_tree (the default) the page's tree knobs start at autotune's choice, the
+    model line says so, and the choice is cached: a restart does not measure again."""
+    from app.engine import autotune, loading
+    from app.ui import settings
+    from app.ui.blocks import build_demo
+    from app.ui.settings import ServerConfig
+
+    monkeypatch.setenv("EAGLE_LENS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(autotune, "_load_average", lambda: 0.3)
+    target, head = tiny
+    head.save(tmp_path / "head")
+    monkeypatch.setattr(loading, "load_target", lambda *a, **k: target)
+    lines = []
+    ctx = settings.load_context(ServerConfig(draft_model=str(tmp_path / "head")), log=lines.append)
+    tree = ctx.tree_defaults
+    assert any("auto tree: depth" in line for line in lines) and "sized for this machine" in ctx.model_note
+    assert f"depth {tree.depth}" in ctx.model_note and f"total_tokens {tree.total_tokens}" in ctx.model_note
+    depth = next(c for c in build_demo(ctx, demos={}).blocks.values() if getattr(c, "elem_id", None) == "depth")
+    assert depth.value == tree.depth
+    calls = []
+    real = autotune.calibrate
+    monkeypatch.setattr(autotune, "calibrate", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    again = settings.load_context(ServerConfig(draft_model=str(tmp_path / "head")), log=lines.append)
+    assert again.tree_defaults == tree and calls == []
 
 
 def test_streamed_updates_resend_instead_of_skipping(ctx):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from app.engine.config import MAX_DEPTH, MAX_TOP_K, TreeConfig
+from app.engine.config import MAX_DEPTH, MAX_TOP_K
 from app.ui import handlers
 from app.ui.explain import EXAMPLES, HOW_IT_WORKS
 from app.ui.requests import DEFAULTS, TREE_KNOBS, UI_METHODS
@@ -102,7 +102,7 @@ def build_demo(ctx: AppContext, demos: dict[str, str] | None = None) -> gr.Block
     """The whole page for one server context. Tests pass a tiny-model context."""
     cfg = ctx.config
     demos = demo_traces() if demos is None else demos
-    tree0 = TreeConfig()
+    tree0 = ctx.tree_defaults   # autotune's choice for this machine, or the engine's defaults
 
     # --- event functions: named parameters are the public API (gradio_client) ------------------
 

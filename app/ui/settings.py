@@ -10,6 +10,9 @@ a visitor cannot make the server load a model or raise a cap:
     EAGLE_LENS_MAX_NEW_TOKENS  cap on max_new_tokens (default 256)
     EAGLE_LENS_MAX_PROMPT      cap on prompt characters (default 2000)
     EAGLE_LENS_QUEUE           queued requests at most (default 32)
+    EAGLE_LENS_AUTO_TREE       1 (default): size the default EAGLE-2 tree for this machine at
+                               start-up (app.engine.autotune; measured once, then cached); 0: the
+                               engine's fixed defaults
 
 If the draft head is missing the app still starts: vanilla decoding and trace replay work,
 and the page says why EAGLE methods are off. It never falls back to a random head.
@@ -20,7 +23,7 @@ import os
 import threading
 from dataclasses import dataclass, field
 
-from app.engine.config import GenerationLimits
+from app.engine.config import GenerationLimits, TreeConfig
 
 
 def _env_int(name: str, default: int) -> int:
@@ -34,6 +37,17 @@ def _env_int(name: str, default: int) -> int:
     if value < 1:
         raise ValueError(f"{name} must be at least 1, got {value}")
     return value
+
+
+def _env_flag(name: str, default: bool) -> bool:
+    raw = os.environ.get(name, "").strip().lower()
+    if raw == "":
+        return default
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name} must be 1 or 0, got {raw!r}")
 
 
 @dataclass(frozen=True)
@@ -50,6 +64,7 @@ class ServerConfig:
     update_interval_s: float = 0.25    # at most ~4 page updates a second while decoding
     trace_max_bytes: int = 4_000_000
     session_ttl_s: int = 1800          # a visitor's state is dropped after 30 idle minutes
+    auto_tree: bool = True             # default tree knobs from app.engine.autotune
 
     @classmethod
     def from_env(cls) -> "ServerConfig":
@@ -59,7 +74,8 @@ class ServerConfig:
                    dtype=os.environ.get("EAGLE_LENS_DTYPE", "auto"),
                    max_new_tokens=_env_int("EAGLE_LENS_MAX_NEW_TOKENS", 256),
                    max_prompt_chars=_env_int("EAGLE_LENS_MAX_PROMPT", 2000),
-                   queue_size=_env_int("EAGLE_LENS_QUEUE", 32))
+                   queue_size=_env_int("EAGLE_LENS_QUEUE", 32),
+                   auto_tree=_env_flag("EAGLE_LENS_AUTO_TREE", True))
 
     @property
     def limits(self) -> GenerationLimits:
@@ -75,6 +91,7 @@ class AppContext:
     config: ServerConfig = field(default_factory=ServerConfig)
     model_note: str = ""
     head_missing: str = ""                   # why EAGLE methods are off ("" = they are on)
+    tree_defaults: TreeConfig = field(default_factory=TreeConfig)   # the page's initial tree knobs
     # Held by whoever is running the model. The Gradio queue already runs one engine event at
     # a time; the lock also covers the moment after a Stop, when the stopped run is finishing
     # its last step while the next event starts.
@@ -85,8 +102,9 @@ class AppContext:
         return self.engine is not None and getattr(self.engine, "head", None) is not None
 
 
-def load_context(config: ServerConfig | None = None) -> AppContext:
-    """Load the target and, if it exists, the draft head named by the server config."""
+def load_context(config: ServerConfig | None = None, log=print) -> AppContext:
+    """Load the target and, if it exists, the draft head named by the server config; with
+    ``config.auto_tree``, size the default tree for this machine (see ``auto_tree_defaults``)."""
     from app.engine.engine import Engine
     from app.engine.loading import load_draft_head, load_draft_vocab, load_target
 
@@ -102,7 +120,31 @@ def load_context(config: ServerConfig | None = None) -> AppContext:
             + (f"draft head: {head_name}" if head is not None else "no draft head"))
     # the head's reduced draft vocabulary, when it ships one (drafting only; output is unchanged)
     vocab = load_draft_vocab(head.folder, target.model.config.vocab_size) if head is not None else None
-    return AppContext(Engine(target, head, limits=config.limits, draft_vocab=vocab), config, note, missing)
+    engine = Engine(target, head, limits=config.limits, draft_vocab=vocab)
+    tree = TreeConfig()
+    if head is not None and config.auto_tree:
+        tree, tree_note = auto_tree_defaults(engine, log)
+        note += f". {tree_note}"
+    return AppContext(engine, config, note, missing, tree_defaults=tree)
+
+
+def auto_tree_defaults(engine, log=print) -> tuple[TreeConfig, str]:
+    """The default EAGLE-2 tree for this machine and a line for the page saying why.
+
+    A CPU verifies big trees slowly (a forward over 64 tokens costs ~3.5x one over 1 token
+    here), a GPU almost for free, so the best depth / total_tokens depend on the machine and
+    the head: ``autotune.choose_tree`` measures both (once; cached on disk) and picks the tree
+    with the highest predicted tokens/s. The page's sliders start there; visitors may move them.
+    """
+    from app.engine.autotune import choose_tree
+
+    tree, choice = choose_tree(engine, progress=lambda message: log(f"[eagle-lens] {message}"))
+    log(f"[eagle-lens] {choice.summary()}")
+    note = (f"Default tree sized for this machine: depth {tree.depth}, top_k {tree.top_k}, "
+            f"total_tokens {tree.total_tokens} (predicted {choice.predicted_speedup:.2f}x vanilla)")
+    if not choice.beats_vanilla:
+        note += " — with this head no tree is predicted to beat plain decoding here"
+    return tree, note
 
 
 def gpu(fn):
