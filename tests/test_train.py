@@ -170,3 +170,11 @@ def test_saved_head_reloads_strictly_with_identical_outputs(tiny_data, tmp_path)
         b = target.model.lm_head(back(emb, batch["features"][:, :-1], pos, None))
     assert torch.equal(a, b)
     assert not any(k.startswith("embed_tokens") for k in back.state_dict())
+
+
+def test_eval_indices_parse_ranges_and_refuse_garbage():
+    from app.train.evaluate import parse_indices
+
+    assert parse_indices("0-5,10, 20") == [0, 1, 2, 3, 4, 5, 10, 20]
+    with pytest.raises(ValueError, match="bad index"):
+        parse_indices("a-3")

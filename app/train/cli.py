@@ -73,6 +73,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     # eval
     p.add_argument("--eval-prompts", type=int, default=10, help="number of first turns used by stage eval")
     p.add_argument("--eval-offset", type=int, default=0, help="first prompt index used by stage eval")
+    p.add_argument("--eval-indices", default=None,
+                   help="comma-separated first-turn indices, ranges allowed (e.g. 0-5,10,20): "
+                        "instead of --eval-offset/--eval-prompts")
     p.add_argument("--eval-set", default="mt_bench")
     p.add_argument("--eval-out", default=None, help="write the eval result as JSON here")
     p.add_argument("--eval-new-tokens", type=int, default=256)

@@ -21,6 +21,18 @@ def first_turns(name: str, n: int | None, eval_dir: Path = EVAL_DIR, offset: int
     return [r["turns"][0] for r in rows[offset:None if n is None else offset + n]]
 
 
+def parse_indices(spec: str) -> list[int]:
+    """"0-5,10,20" -> [0, 1, 2, 3, 4, 5, 10, 20]."""
+    out: list[int] = []
+    for part in spec.split(","):
+        part = part.strip()
+        lo, _, hi = part.partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            raise ValueError(f"bad index range {part!r}: use e.g. 0-5,10,20")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
 def measure_tau(engine, prompts: list[str], tree: TreeConfig, sampling: SamplingConfig,
                 max_new_tokens: int) -> dict:
     """Run the engine on each prompt; pooled tau and acceptance by depth."""
@@ -51,10 +63,15 @@ def run_eval(args, head_dir: Path) -> dict:
     head = load_draft_head(str(head_dir), target)
     engine = Engine(target, head)
     tree = TreeConfig(method="dynamic", depth=5, top_k=10, total_tokens=60)
-    prompts = first_turns(args.eval_set, args.eval_prompts, offset=args.eval_offset)
+    if getattr(args, "eval_indices", None):
+        every = first_turns(args.eval_set, None)
+        indices = parse_indices(args.eval_indices)
+        prompts = [every[i] for i in indices]
+    else:
+        prompts = first_turns(args.eval_set, args.eval_prompts, offset=args.eval_offset)
     t0 = time.perf_counter()
     result = measure_tau(engine, prompts, tree, SamplingConfig(temperature=0.0), args.eval_new_tokens)
-    result.update({"set": args.eval_set, "offset": args.eval_offset, "tree": "dynamic total_tokens=60 depth=5 top_k=10", "greedy": True,
+    result.update({"set": args.eval_set, "offset": args.eval_offset, "indices": getattr(args, "eval_indices", None), "tree": "dynamic total_tokens=60 depth=5 top_k=10", "greedy": True,
                    "max_new_tokens": args.eval_new_tokens, "wall_s": time.perf_counter() - t0})
     log(f"eval: {json.dumps(result)}")
     if args.eval_out:
