@@ -96,3 +96,79 @@ def test_browser_generate_replay_stop_and_traces(url, tmp_path):
         expect(page.locator("#status")).to_contain_text("done", timeout=240_000)
         page.screenshot(path=str(ARTEFACTS / "browser-final.png"), full_page=True)
         browser.close()
+
+
+class _PacedEngine(Engine):
+    """The tiny engine, paced at ~20 steps/s like the embedded model on a CPU, so a run lasts
+    long enough for a visitor to leave in the middle of it."""
+
+    def __init__(self, target, head):
+        super().__init__(target, head)
+        self.runs = []          # per run: [steps yielded, closed early?]
+
+    def generate(self, *args, **kwargs):
+        import time
+
+        inner = super().generate(*args, **kwargs)
+        record = [0, False]
+        self.runs.append(record)
+
+        def paced():
+            try:
+                for event in inner:
+                    time.sleep(0.05)
+                    record[0] += 1
+                    yield event
+            finally:
+                record[1] = inner.gi_frame is not None   # still suspended = stopped mid-run
+                inner.close()
+
+        return paced()
+
+
+@pytest.mark.skipif(not shutil.which(CHROMIUM) and not os.path.exists(CHROMIUM), reason="chromium not installed")
+def test_closing_the_tab_stops_the_run(tiny):
+    """A visitor who closes the tab mid-generation must not keep the model busy: the server
+    notices the closed connection, cancels the event and the engine stops within a few steps."""
+    import time
+
+    from playwright.sync_api import expect, sync_playwright
+
+    target, head = tiny
+    engine = _PacedEngine(target, head)
+    config = ServerConfig(max_new_tokens=200)
+    ctx = AppContext(engine, config, "tiny test model")
+    demo = build_demo(ctx, demos={})
+    _, local_url, _ = demo.launch(server_name="127.0.0.1", prevent_thread_lock=True, quiet=True,
+                                  **launch_kwargs(config))
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+                "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+            page = browser.new_page()
+            page.set_default_timeout(120_000)
+            page.goto(local_url)
+            page.locator("#prompt textarea").fill("w5 w17 w33 w90")
+            page.locator("#max-new-tokens input[type=number]").fill("200")
+            page.locator("#max-new-tokens input[type=number]").press("Enter")
+            page.locator("#generate-btn").click()
+            expect(page.locator("#status")).to_contain_text("decoding with")
+            page.close()
+            browser.close()
+
+        def engine_free() -> bool:
+            if ctx.engine_lock.acquire(blocking=False):
+                ctx.engine_lock.release()
+                return True
+            return False
+
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not engine_free():
+            time.sleep(0.1)
+        time.sleep(1.0)        # a race run, if one wrongly started, would have begun by now
+        steps, stopped_early = engine.runs[0]
+        assert stopped_early and steps < 200, engine.runs
+        assert len(engine.runs) == 1            # the vanilla race never started for a closed tab
+        assert not ctx.engine_lock.locked()
+    finally:
+        demo.close()
