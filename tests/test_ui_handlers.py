@@ -335,6 +335,23 @@ def test_server_config_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv("EAGLE_LENS_QUEUE", "lots")
     with pytest.raises(ValueError, match="EAGLE_LENS_QUEUE"):
         ServerConfig.from_env()
+    monkeypatch.delenv("EAGLE_LENS_QUEUE")
+    monkeypatch.setenv("EAGLE_LENS_UPDATE_S", "0.5")
+    assert ServerConfig.from_env().update_interval_s == 0.5
+    monkeypatch.setenv("EAGLE_LENS_UPDATE_S", "-1")
+    with pytest.raises(ValueError, match="EAGLE_LENS_UPDATE_S"):
+        ServerConfig.from_env()
+
+
+def test_update_interval_follows_the_machine(tiny, monkeypatch):
+    """Fewer page updates on a small CPU, where every update stalls the engine's threads."""
+    import os
+
+    engine = Engine(*tiny)
+    assert AppContext(engine, ServerConfig(update_interval_s=0.1)).update_interval == 0.1
+    for cores, interval in ((2, 1.0), (4, 0.5), (16, 0.25)):
+        monkeypatch.setattr(os, "cpu_count", lambda: cores)
+        assert AppContext(engine, ServerConfig()).update_interval == interval
 
 
 def test_missing_head_is_reported_never_replaced(tiny, monkeypatch):

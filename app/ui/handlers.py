@@ -7,7 +7,7 @@ slider, a file path). ``blocks.py`` maps names to components; tests call handler
 Bad input raises ``ValueError`` with a message for the page.
 
 Speed: the engine decodes in its own thread (``pump.BackgroundRun``) and never waits for the
-page; the handler draws at most once every ``update_interval_s`` from whatever records have
+page; the handler draws at most once every ``ctx.update_interval`` seconds from whatever records have
 arrived, and only the latest step's tree. The race's clock is the engine's own per-step time.
 """
 from __future__ import annotations
@@ -160,7 +160,7 @@ def _run_vanilla(ctx: AppContext, session: Session, request: Request):
     steps = []
     run = BackgroundRun(events, ctx.engine_lock)
     try:
-        for batch in run.batches(ctx.config.update_interval_s):
+        for batch in run.batches(ctx.update_interval):
             for ev in batch:
                 if ev.type == "summary":
                     session.vanilla = session.race_vanilla = VanillaRun(key, steps, ev)
@@ -220,7 +220,7 @@ def generate(ctx: AppContext, session: Session, step_mode: bool = False, **raw):
         run = BackgroundRun(events, ctx.engine_lock)   # the engine starts (prefill) in its own thread now
         try:
             yield first   # drawn meanwhile
-            for batch in run.batches(ctx.config.update_interval_s):
+            for batch in run.batches(ctx.update_interval):
                 for ev in batch:
                     if ev.type == "summary":
                         session.summary = ev

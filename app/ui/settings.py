@@ -10,6 +10,8 @@ a visitor cannot make the server load a model or raise a cap:
     EAGLE_LENS_MAX_NEW_TOKENS  cap on max_new_tokens (default 256)
     EAGLE_LENS_MAX_PROMPT      cap on prompt characters (default 2000)
     EAGLE_LENS_QUEUE           queued requests at most (default 32)
+    EAGLE_LENS_UPDATE_S        seconds between page updates while decoding (default: auto,
+                               see ``AppContext.update_interval``)
     EAGLE_LENS_AUTO_TREE       1 (default): size the default EAGLE-2 tree for this machine at
                                start-up (app.engine.autotune; measured once, then cached); 0: the
                                engine's fixed defaults
@@ -39,6 +41,19 @@ def _env_int(name: str, default: int) -> int:
     return value
 
 
+def _env_seconds(name: str) -> float | None:
+    raw = os.environ.get(name, "").strip()
+    if raw in ("", "auto"):
+        return None
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise ValueError(f"{name} must be a number of seconds or 'auto', got {raw!r}") from exc
+    if not 0.0 <= value <= 10.0:
+        raise ValueError(f"{name} must be in [0, 10] seconds, got {value}")
+    return value
+
+
 def _env_flag(name: str, default: bool) -> bool:
     raw = os.environ.get(name, "").strip().lower()
     if raw == "":
@@ -61,7 +76,7 @@ class ServerConfig:
     queue_size: int = 32
     explore_max_new_tokens: int = 48   # each explorer run is capped shorter than a normal run
     explore_max_values: int = 6
-    update_interval_s: float = 0.25    # at most ~4 page updates a second while decoding
+    update_interval_s: float | None = None   # seconds between page updates; None = auto (see AppContext)
     trace_max_bytes: int = 4_000_000
     session_ttl_s: int = 1800          # a visitor's state is dropped after 30 idle minutes
     auto_tree: bool = True             # default tree knobs from app.engine.autotune
@@ -75,7 +90,8 @@ class ServerConfig:
                    max_new_tokens=_env_int("EAGLE_LENS_MAX_NEW_TOKENS", 256),
                    max_prompt_chars=_env_int("EAGLE_LENS_MAX_PROMPT", 2000),
                    queue_size=_env_int("EAGLE_LENS_QUEUE", 32),
-                   auto_tree=_env_flag("EAGLE_LENS_AUTO_TREE", True))
+                   auto_tree=_env_flag("EAGLE_LENS_AUTO_TREE", True),
+                   update_interval_s=_env_seconds("EAGLE_LENS_UPDATE_S"))
 
     @property
     def limits(self) -> GenerationLimits:
@@ -96,6 +112,24 @@ class AppContext:
     # a time; the lock also covers the moment after a Stop, when the stopped run is finishing
     # its last step while the next event starts.
     engine_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def update_interval(self) -> float:
+        """Seconds between page updates while decoding: the server's setting, else automatic.
+
+        Every update wakes the handler, Gradio's event loop and the browser. On a small CPU
+        that is not free: the engine's OpenMP threads occupy every core and stall whenever one
+        is taken away, so each update costs the engine far more than its own few ms of Python.
+        Measured on the 2-core dev machine (scripts/loadtest.py speed, embedded model):
+        4 updates/s -> the page ran at 67-80% of the engine's own tokens/s, 1 update/s -> 86%.
+        So: 4 updates/s on a GPU or a CPU with >= 8 cores, down to 1/s on 2 cores.
+        """
+        if self.config.update_interval_s is not None:
+            return self.config.update_interval_s
+        device = getattr(getattr(self.engine, "target", None), "device", None)
+        if device is not None and device.type != "cpu":
+            return 0.25
+        return min(1.0, max(0.25, 2.0 / (os.cpu_count() or 1)))
 
     @property
     def has_head(self) -> bool:
