@@ -8,6 +8,7 @@ device and dtype produced them; a visitor replays them with no model at all.
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 import json
 import os
 import sys
@@ -15,7 +16,7 @@ import sys
 from app.ui import handlers, traces
 from app.ui.explain import EXAMPLES
 from app.ui.session import Session
-from app.ui.settings import load_context
+from app.ui.settings import ServerConfig, load_context
 
 
 def main(argv=None) -> int:
@@ -23,10 +24,15 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="traces")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--method", default="dynamic")
+    # The demo traces show a full-size tree on purpose (they teach what a tree looks like); the
+    # live page starts from the tree autotune sized for speed on the server's machine.
+    p.add_argument("--depth", type=int, default=5)
+    p.add_argument("--top-k", type=int, default=8)
+    p.add_argument("--total-tokens", type=int, default=24)
     p.add_argument("--head-label", default=None,
                    help="how the trace names the draft head (e.g. 'untrained placeholder'); default: its source")
     args = p.parse_args(argv)
-    ctx = load_context()
+    ctx = load_context(replace(ServerConfig.from_env(), auto_tree=False))   # the tree comes from the flags
     if not ctx.has_head:
         print(f"error: {ctx.head_missing}", file=sys.stderr)
         return 2
@@ -34,7 +40,8 @@ def main(argv=None) -> int:
     for i, (category, prompt) in enumerate(EXAMPLES, 1):
         session = Session()
         view = list(handlers.generate(ctx, session, prompt=prompt, method=args.method,
-                                      max_new_tokens=args.max_new_tokens, temperature=0.0))[-1]
+                                      max_new_tokens=args.max_new_tokens, temperature=0.0, depth=args.depth,
+                                      top_k=args.top_k, total_tokens=args.total_tokens))[-1]
         dest = os.path.join(args.out, f"{i}-{category}.json")
         with open(view["trace_file"], encoding="utf-8") as f:
             data = json.load(f)
