@@ -178,3 +178,26 @@ def test_eval_indices_parse_ranges_and_refuse_garbage():
     assert parse_indices("0-5,10, 20") == [0, 1, 2, 3, 4, 5, 10, 20]
     with pytest.raises(ValueError, match="bad index"):
         parse_indices("a-3")
+
+
+def test_eval_stage_reports_every_set_at_a_temperature(tiny, monkeypatch, tmp_path):
+    """``--stage eval``: one result per set (pooled tau, acceptance by depth), greedy or sampled,
+    written as JSON. On the tiny model, with the real evaluation files."""
+    import argparse
+    import json
+
+    from app.engine import loading
+    from app.train.evaluate import run_eval
+
+    target, head = tiny
+    monkeypatch.setattr(loading, "load_target", lambda *a, **k: target)
+    monkeypatch.setattr(loading, "load_draft_head", lambda *a, **k: head)
+    out = tmp_path / "eval.json"
+    args = argparse.Namespace(base_model=None, eval_set="mt_bench,gsm8k", eval_indices="0,2", eval_prompts=None,
+                              eval_offset=0, eval_temperature=1.0, seed=3, eval_new_tokens=12, eval_out=str(out))
+    results = run_eval(args, tmp_path)
+    assert list(results) == ["mt_bench", "gsm8k"] == list(json.loads(out.read_text()))
+    for r in results.values():
+        assert r["prompts"] == 2 and r["temperature"] == 1.0 and r["new_tokens"] == 24
+        assert r["tau"] == r["new_tokens"] / r["target_forwards"] >= 1.0
+        assert len(r["accepted_by_depth"]) == 5 and sum(r["accepted_length_counts"]) == r["target_forwards"]

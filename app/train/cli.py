@@ -76,7 +76,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-indices", default=None,
                    help="comma-separated first-turn indices, ranges allowed (e.g. 0-5,10,20): "
                         "instead of --eval-offset/--eval-prompts")
-    p.add_argument("--eval-set", default="mt_bench")
+    p.add_argument("--eval-set", default="mt_bench", help="comma-separated sets from data/eval, or 'all'")
+    p.add_argument("--eval-temperature", type=float, default=0.0, help="0 = greedy; sampled with --seed")
     p.add_argument("--eval-out", default=None, help="write the eval result as JSON here")
     p.add_argument("--eval-new-tokens", type=int, default=256)
 

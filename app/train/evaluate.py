@@ -55,7 +55,12 @@ def measure_tau(engine, prompts: list[str], tree: TreeConfig, sampling: Sampling
             "new_tokens": new_tokens, "target_forwards": forwards, "tokens_per_s": new_tokens / max(seconds, 1e-9)}
 
 
+EVAL_SETS = ("mt_bench", "alpaca", "gsm8k", "humaneval", "qa", "sum")
+
+
 def run_eval(args, head_dir: Path) -> dict:
+    """tau and acceptance by depth at the papers' 60/5/10 tree, for each set in ``--eval-set``
+    (comma-separated or 'all') at ``--eval-temperature``; one result per set, one model load."""
     from app.engine.engine import Engine
     from app.engine.loading import load_draft_head, load_target
 
@@ -63,17 +68,23 @@ def run_eval(args, head_dir: Path) -> dict:
     head = load_draft_head(str(head_dir), target)
     engine = Engine(target, head)
     tree = TreeConfig(method="dynamic", depth=5, top_k=10, total_tokens=60)
-    if getattr(args, "eval_indices", None):
-        every = first_turns(args.eval_set, None)
-        indices = parse_indices(args.eval_indices)
-        prompts = [every[i] for i in indices]
-    else:
-        prompts = first_turns(args.eval_set, args.eval_prompts, offset=args.eval_offset)
-    t0 = time.perf_counter()
-    result = measure_tau(engine, prompts, tree, SamplingConfig(temperature=0.0), args.eval_new_tokens)
-    result.update({"set": args.eval_set, "offset": args.eval_offset, "indices": getattr(args, "eval_indices", None), "tree": "dynamic total_tokens=60 depth=5 top_k=10", "greedy": True,
-                   "max_new_tokens": args.eval_new_tokens, "wall_s": time.perf_counter() - t0})
-    log(f"eval: {json.dumps(result)}")
+    temperature = float(getattr(args, "eval_temperature", 0.0))
+    sampling = SamplingConfig(temperature=temperature, seed=args.seed)
+    names = EVAL_SETS if args.eval_set == "all" else [n.strip() for n in args.eval_set.split(",")]
+    results = {}
+    for name in names:
+        if getattr(args, "eval_indices", None):
+            every = first_turns(name, None)
+            prompts = [every[i] for i in parse_indices(args.eval_indices) if i < len(every)]
+        else:
+            prompts = first_turns(name, args.eval_prompts, offset=args.eval_offset)
+        t0 = time.perf_counter()
+        result = measure_tau(engine, prompts, tree, sampling, args.eval_new_tokens)
+        result.update({"set": name, "offset": args.eval_offset, "indices": getattr(args, "eval_indices", None),
+                       "tree": "dynamic total_tokens=60 depth=5 top_k=10", "temperature": temperature,
+                       "max_new_tokens": args.eval_new_tokens, "wall_s": time.perf_counter() - t0})
+        log(f"eval: {json.dumps(result)}")
+        results[name] = result
     if args.eval_out:
-        Path(args.eval_out).write_text(json.dumps(result, indent=1) + "\n")
-    return result
+        Path(args.eval_out).write_text(json.dumps(results, indent=1) + "\n")
+    return results
