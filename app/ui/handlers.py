@@ -208,18 +208,23 @@ def generate(ctx: AppContext, session: Session, step_mode: bool = False, **raw):
                                      max_new_tokens=request.max_new_tokens)
         session.start(request.settings(), _model_info(ctx))
         cached = session.vanilla.steps if session.vanilla and session.vanilla.key == request.vanilla_key() else None
-        first = {**live_view(session, "prefill…", cached), "trace_file": None,
-                 "slider": (max(request.max_new_tokens - 1, 1), 0),   # no run has more steps than tokens
-                 "depth": None, "calibration": None, "per_step": None}  # the last run's insights go
+
+        def first_view() -> dict:
+            """The run's first page: empty stream and tree, the slider's range set once for
+            the whole run (no run has more steps than tokens), the last run's insights cleared."""
+            return {**live_view(session, "prefill…", cached), "trace_file": None,
+                    "slider": (max(request.max_new_tokens - 1, 1), 0),
+                    "depth": None, "calibration": None, "per_step": None}
+
         if step_mode:
-            yield first
+            yield first_view()
             session.stepper, session.stepper_request = events, request
             yield from _step(ctx, session)
             return
         t0 = time.perf_counter()
         run = BackgroundRun(events, ctx.engine_lock)   # the engine starts (prefill) in its own thread now
         try:
-            yield first   # drawn meanwhile
+            yield first_view()   # drawn meanwhile
             for batch in run.batches(ctx.update_interval):
                 for ev in batch:
                     if ev.type == "summary":
