@@ -24,10 +24,9 @@ def test_shipped_head_files_are_in_the_official_layout():
 
 
 def test_shipped_head_loads_by_default_and_is_accepted():
-    """tau > 1.5 on three prompts, one each from three evaluation sets (greedy, 60/5/10).
-
-    The issue asks for > 2; this first head measured 1.87 on 13 mt_bench questions (see its model card),
-    so the bar here is what it reaches. Raise it to 2 when a better head is shipped.
+    """tau > 2 on three prompts, one each from three evaluation sets (greedy, 60/5/10), the
+    issue's bar for this test. The shipped head measured 2.58 on 13 mt_bench questions at 256
+    tokens (its model card); an untrained or broken head gets about 1.0-1.2 here.
     """
     from app.engine.engine import Engine
     from app.engine.loading import load_draft_head, load_target
@@ -38,4 +37,4 @@ def test_shipped_head_loads_by_default_and_is_accepted():
     prompts = [first_turns(name, 1)[0] for name in ("mt_bench", "alpaca", "gsm8k")]
     result = measure_tau(engine, prompts, TreeConfig(method="dynamic", depth=5, top_k=10, total_tokens=60),
                          SamplingConfig(temperature=0.0), max_new_tokens=64)
-    assert result["tau"] > 1.5, result
+    assert result["tau"] > 2.0, result
