@@ -23,7 +23,7 @@ ARTEFACTS = Path(os.environ.get("EAGLE_LENS_ARTEFACTS", Path(__file__).resolve()
 @pytest.fixture(scope="module")
 def url(tiny):
     target, head = tiny
-    config = ServerConfig(max_new_tokens=200)
+    config = ServerConfig(max_new_tokens=200, update_interval_s=0.25)   # the tiny model is ~100x faster than a real one
     demo = build_demo(AppContext(Engine(target, head), config, "tiny test model"), demos={})
     _, local_url, _ = demo.launch(server_name="127.0.0.1", prevent_thread_lock=True, quiet=True,
                                   **launch_kwargs(config))
