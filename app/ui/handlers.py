@@ -161,13 +161,13 @@ def _run_vanilla(ctx: AppContext, session: Session, request: Request):
     run = BackgroundRun(events, ctx.engine_lock)
     try:
         for batch in run.batches(ctx.update_interval):
+            if session.stop_requested:
+                return      # before taking the batch: a stopped race is never recorded as finished
             for ev in batch:
                 if ev.type == "summary":
                     session.vanilla = session.race_vanilla = VanillaRun(key, steps, ev)
                 else:
                     steps.append(ev)
-            if session.stop_requested:
-                return
             if session.race_vanilla is None:
                 yield {"status": f"racing vanilla decoding: {sum(len(s.new_tokens) for s in steps)} tokens…",
                        "race": race_figure(session.steps, steps)}
@@ -179,6 +179,8 @@ def _finish(ctx: AppContext, session: Session, request: Request):
     """After the EAGLE run: the race, then the final page and a trace file."""
     if request.tree.uses_draft:
         yield {"status": "EAGLE done; racing vanilla decoding…"}
+        if session.stop_requested:
+            return          # Stop before the race: do not start it
         yield from _run_vanilla(ctx, session, request)
         if session.stop_requested:
             return          # Stop during the race: Stop's own message says what is on screen
