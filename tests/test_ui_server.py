@@ -94,3 +94,36 @@ def test_quick_fuzz(server):
     assert stats["sent"] == 25
     assert stats["error_message"] == 25, (stats["accepted"], stats["server_errors"])
     assert stats["valid_after_ok"]
+
+
+def _voluntary_switches_per_s(seconds: float = 2.0) -> float:
+    """Voluntary context switches per second of this whole process (every thread): a thread
+    that sleeps and wakes up counts one each time."""
+    import os
+    import time
+
+    def total():
+        n = 0
+        for task in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{task}/status") as f:
+                    n += sum(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches"))
+            except FileNotFoundError:   # a thread that ended while we counted
+                pass
+        return n
+
+    a, t0 = total(), time.perf_counter()
+    time.sleep(seconds)
+    return (total() - a) / (time.perf_counter() - t0)
+
+
+def test_the_idle_server_does_not_busy_poll(server):
+    # Gradio's queue polls every 1 ms by default (~900 wake-ups/s measured here); each one
+    # would preempt an engine thread on a 2-core machine. calm_queue_polling brings it to ~60.
+    assert _voluntary_switches_per_s() < 300
+
+
+def test_time_app_run_sees_the_done_update(server):
+    seconds = _loadtest().time_app_run(server, dict(prompt=PROMPTS[0], method="dynamic", max_new_tokens=16,
+                                                    temperature=0.0, **FAST))
+    assert 0 < seconds < 120
