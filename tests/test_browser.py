@@ -3,6 +3,7 @@ tree and the speedup appear, scrub the replay slider, Stop mid-generation and ge
 download the trace and load it back. A screenshot is saved as a test artefact (not committed)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -20,15 +21,30 @@ CHROMIUM = "/usr/bin/chromium"
 ARTEFACTS = Path(os.environ.get("EAGLE_LENS_ARTEFACTS", Path(__file__).resolve().parents[1] / "out"))
 
 
+@contextlib.contextmanager
+def _serve(ctx: AppContext):
+    """The app for ``ctx`` on a free loopback port; yields its URL, closed on exit."""
+    demo = build_demo(ctx, demos={})
+    _, local_url, _ = demo.launch(server_name="127.0.0.1", prevent_thread_lock=True, quiet=True,
+                                  **launch_kwargs(ctx.config))
+    try:
+        yield local_url
+    finally:
+        demo.close()
+
+
+def _chromium(playwright):
+    """Debian's chromium, headless, with the flags this sandbox needs (no Playwright download)."""
+    return playwright.chromium.launch(executable_path=CHROMIUM, args=[
+        "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+
+
 @pytest.fixture(scope="module")
 def url(tiny):
     target, head = tiny
     config = ServerConfig(max_new_tokens=200, update_interval_s=0.25)   # the tiny model is ~100x faster than a real one
-    demo = build_demo(AppContext(Engine(target, head), config, "tiny test model"), demos={})
-    _, local_url, _ = demo.launch(server_name="127.0.0.1", prevent_thread_lock=True, quiet=True,
-                                  **launch_kwargs(config))
-    yield local_url
-    demo.close()
+    with _serve(AppContext(Engine(target, head), config, "tiny test model")) as local_url:
+        yield local_url
 
 
 def _wait_for_tree(page, title_part: str = "") -> str:
@@ -46,8 +62,7 @@ def test_browser_generate_replay_stop_and_traces(url, tmp_path):
 
     ARTEFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        browser = _chromium(p)
         page = browser.new_page(viewport={"width": 1400, "height": 1800}, accept_downloads=True)
         page.set_default_timeout(120_000)
         page.goto(url)
@@ -138,13 +153,9 @@ def test_closing_the_tab_stops_the_run(tiny):
     engine = _PacedEngine(target, head)
     config = ServerConfig(max_new_tokens=200)
     ctx = AppContext(engine, config, "tiny test model")
-    demo = build_demo(ctx, demos={})
-    _, local_url, _ = demo.launch(server_name="127.0.0.1", prevent_thread_lock=True, quiet=True,
-                                  **launch_kwargs(config))
-    try:
+    with _serve(ctx) as local_url:
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=[
-                "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+            browser = _chromium(p)
             page = browser.new_page()
             page.set_default_timeout(120_000)
             page.goto(local_url)
@@ -171,5 +182,3 @@ def test_closing_the_tab_stops_the_run(tiny):
         steps, stopped_early = engine.runs[-1]
         assert stopped_early and steps < 200 and len(engine.runs) <= 2, engine.runs
         assert not ctx.engine_lock.locked()
-    finally:
-        demo.close()
