@@ -18,6 +18,9 @@ from app.ui.settings import AppContext, ServerConfig
 pytestmark = pytest.mark.slow
 
 CHROMIUM = "/usr/bin/chromium"
+# Playwright's `expect` waits 5 s by default (page.set_default_timeout does not apply to it);
+# on a loaded 2-core CI machine a Stop that waits for the running step can take longer.
+EXPECT_TIMEOUT_MS = 60_000
 ARTEFACTS = Path(os.environ.get("EAGLE_LENS_ARTEFACTS", Path(__file__).resolve().parents[1] / "out"))
 
 
@@ -59,6 +62,8 @@ def _wait_for_tree(page, title_part: str = "") -> str:
 @pytest.mark.skipif(not shutil.which(CHROMIUM) and not os.path.exists(CHROMIUM), reason="chromium not installed")
 def test_browser_generate_replay_stop_and_traces(url, tmp_path):
     from playwright.sync_api import expect, sync_playwright
+
+    expect.set_options(timeout=EXPECT_TIMEOUT_MS)
 
     ARTEFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
@@ -148,6 +153,8 @@ def test_closing_the_tab_stops_the_run(tiny):
     import time
 
     from playwright.sync_api import expect, sync_playwright
+
+    expect.set_options(timeout=EXPECT_TIMEOUT_MS)
 
     target, head = tiny
     engine = _PacedEngine(target, head)
