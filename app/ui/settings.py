@@ -121,7 +121,10 @@ class AppContext:
         that is not free: the engine's OpenMP threads occupy every core and stall whenever one
         is taken away, so each update costs the engine far more than its own few ms of Python.
         Measured on the 2-core dev machine (scripts/loadtest.py speed, embedded model):
-        4 updates/s -> the page ran at 67-80% of the engine's own tokens/s, 1 update/s -> 86%.
+        4 updates/s -> 67-80% of the engine's own tokens/s, 1/s -> 84-86% (earlier prompt).
+        With its default prompt at 256 tokens, 1/s gave 70% while the server busy-polled
+        (blocks.calm_queue_polling, pump.BackgroundRun.batches) and 81% once it stopped;
+        one update per 2 s gave 86%, so the rate is no longer the main cost.
         So: 4 updates/s on a GPU or a CPU with >= 8 cores, down to 1/s on 2 cores.
         """
         if self.config.update_interval_s is not None:
