@@ -229,11 +229,12 @@ def _client_process(url: str, settings: dict) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
 
-def app_vs_engine(url: str, engine, settings: dict, tree, repeats: int = 5) -> dict:
+def app_vs_engine(url: str, engine, settings: dict, tree, repeats: int = 5, engine_thread=None) -> dict:
     """Wall-clock tokens/s of the EAGLE phase through the page (submit -> the update saying the
     EAGLE run is done, as a client in another process sees it) against the same engine, with
     the same tree (``tree``: what the app decodes with for ``settings``), iterated in a tight
-    loop. Both include the prefill. Runs alternate (engine, app, engine, app, ...) so that the
+    loop, on ``engine_thread`` when given (the app's own: the thread that loaded the model and
+    serves every page run). Both include the prefill. Runs alternate (engine, app, engine, app, ...) so that the
     load of a shared machine hits both alike; the ratio is the median of the per-pair ratios."""
     from app.engine.config import SamplingConfig
 
@@ -243,10 +244,14 @@ def app_vs_engine(url: str, engine, settings: dict, tree, repeats: int = 5) -> d
     for _ in range(repeats):
         client = _client_process(url, settings)
         time.sleep(3.0)                                # its imports, before anything is timed
-        t0 = time.perf_counter()
-        summary = list(engine.generate(settings["prompt"], tree=tree, sampling=sampling,
-                                       max_new_tokens=settings["max_new_tokens"]))[-1]
-        engine_rates.append(summary.new_tokens / (time.perf_counter() - t0))
+        def timed_run():
+            t0 = time.perf_counter()
+            summary = list(engine.generate(settings["prompt"], tree=tree, sampling=sampling,
+                                           max_new_tokens=settings["max_new_tokens"]))[-1]
+            return summary, time.perf_counter() - t0
+
+        summary, seconds = engine_thread.call(timed_run) if engine_thread is not None else timed_run()
+        engine_rates.append(summary.new_tokens / seconds)
         out, _ = client.communicate("go\n", timeout=900)
         if client.returncode != 0:
             raise RuntimeError(f"client failed (exit {client.returncode})")
@@ -317,7 +322,7 @@ def speed_in_process(args) -> dict:
         settings = dict(prompt=args.prompt, method=args.method, max_new_tokens=args.max_new_tokens, temperature=0.0)
         tree = replace(ctx.tree_defaults, method=args.method)   # what the page decodes these settings with
         print(f"tree: {tree}", flush=True)
-        return app_vs_engine(url, ctx.engine, settings, tree, repeats=args.repeats)
+        return app_vs_engine(url, ctx.engine, settings, tree, repeats=args.repeats, engine_thread=ctx.engine_thread)
     finally:
         demo.close()
 

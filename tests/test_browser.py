@@ -174,18 +174,12 @@ def test_closing_the_tab_stops_the_run(tiny):
             page.close()
             browser.close()
 
-        def engine_free() -> bool:
-            if ctx.engine_lock.acquire(blocking=False):
-                ctx.engine_lock.release()
-                return True
-            return False
-
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not engine_free():
+        while time.monotonic() < deadline and not ctx.engine_thread.idle:
             time.sleep(0.1)
         time.sleep(1.0)        # a race run, if one wrongly started, would have begun by now
         # The run going on when the tab closed (EAGLE, or on a slow browser already the vanilla
         # race) was stopped early, and nothing ran after it.
         steps, stopped_early = engine.runs[-1]
         assert stopped_early and steps < 200 and len(engine.runs) <= 2, engine.runs
-        assert not ctx.engine_lock.locked()
+        assert ctx.engine_thread.idle

@@ -6,8 +6,8 @@ raw widget values, and yields *views*: dicts from a view name ("stream", "tree",
 slider, a file path). ``blocks.py`` maps names to components; tests call handlers directly.
 Bad input raises ``ValueError`` with a message for the page.
 
-Speed: the engine decodes in its own thread (``pump.BackgroundRun``) and never waits for the
-page; the handler draws at most once every ``ctx.update_interval`` seconds from whatever records have
+Speed: the engine decodes on the server's engine thread (``pump.BackgroundRun``; every torch
+op runs on that one thread, see ``engine_thread``) and never waits for the page; the handler draws at most once every ``ctx.update_interval`` seconds from whatever records have
 arrived, and only the latest step's tree. The race's clock is the engine's own per-step time.
 """
 from __future__ import annotations
@@ -158,7 +158,7 @@ def _run_vanilla(ctx: AppContext, session: Session, request: Request):
     events = ctx.engine.generate(request.prompt, tree=TreeConfig(method="vanilla"), sampling=request.sampling,
                                  max_new_tokens=request.max_new_tokens)
     steps = []
-    run = BackgroundRun(events, ctx.engine_lock)
+    run = BackgroundRun(events, ctx.engine_thread)
     try:
         for batch in run.batches(ctx.update_interval):
             if session.stop_requested:
@@ -224,7 +224,7 @@ def generate(ctx: AppContext, session: Session, step_mode: bool = False, **raw):
             yield from _step(ctx, session)
             return
         t0 = time.perf_counter()
-        run = BackgroundRun(events, ctx.engine_lock)   # the engine starts (prefill) in its own thread now
+        run = BackgroundRun(events, ctx.engine_thread)   # the engine starts (prefill) on its thread now
         try:
             yield first_view()   # drawn meanwhile
             for batch in run.batches(ctx.update_interval):
@@ -255,8 +255,7 @@ def _step(ctx: AppContext, session: Session):
     if session.stepper is None:
         raise ValueError("Nothing to step: tick 'step mode' and press Generate first.")
     request = session.stepper_request
-    with ctx.engine_lock:
-        ev = next(session.stepper, None)
+    ev = ctx.engine_thread.call(next, session.stepper, None)   # one target forward, on the engine thread
     if ev is not None and ev.type == "step":
         session.steps.append(ev)
         yield live_view(session, f"step mode: step {ev.step} done — press Step for the next one")
@@ -378,6 +377,14 @@ def explore(ctx: AppContext, session: Session, knob, start, stop, count, **raw):
         yield from _explore(ctx, session, knob, request, values, n)
 
 
+def _run_to_summary(events):
+    """A whole run, for the explorer (on the engine thread): its summary only."""
+    try:
+        return [ev for ev in events if ev.type == "summary"][0]
+    finally:
+        events.close()
+
+
 def _explore(ctx: AppContext, session: Session, knob: str, request: Request, values: list, n: int):
     results, skipped = [], []
     for i, value in enumerate(values):
@@ -391,11 +398,7 @@ def _explore(ctx: AppContext, session: Session, knob: str, request: Request, val
             continue
         yield {"explorer_status": f"running {knob} = {value} ({i + 1}/{len(values)}, {n} tokens each)…"}
         events = ctx.engine.generate(request.prompt, tree=tree, sampling=request.sampling, max_new_tokens=n)
-        with ctx.engine_lock:
-            try:
-                summary = [ev for ev in events if ev.type == "summary"][0]
-            finally:
-                events.close()
+        summary = ctx.engine_thread.call(_run_to_summary, events)
         results.append({"value": value, "mean_accepted": summary.mean_accepted, "tokens_per_s": summary.tokens_per_s})
         yield {"explorer_plot": explorer_figure(knob, results)}
     best = max(results, key=lambda r: r["tokens_per_s"]) if results else None

@@ -1,23 +1,26 @@
-"""Run an engine generation in its own thread so that the page never makes it wait.
+"""Run an engine generation on the engine thread so that the page never makes it wait.
 
 The engine yields one record per target forward. If the Gradio handler pulled those records
 itself, every page update (building figures, serialising JSON, sending it) would pause the
-engine. Instead a ``BackgroundRun`` thread pulls them as fast as the engine makes them and
-puts them on a queue; the handler wakes up every ``interval`` seconds, takes whatever
+engine. Instead a ``BackgroundRun`` job on the server's single engine thread
+(``engine_thread.EngineThread``: every torch op of the server runs there) pulls them as fast
+as the engine makes them and puts them on a queue; the handler wakes up every ``interval`` seconds, takes whatever
 arrived, and draws once. Torch releases Python's GIL inside its kernels, so drawing and
 decoding overlap.
 
 Stopping: ``close()`` sets a flag that the thread checks after every record; the thread then
 closes the engine's iterator, so generation ends within one step. ``close()`` does not wait
-for that (Gradio may call it on its event loop, which must never block); instead the thread
-holds the server's engine lock for the whole run, so the next run — whoever's it is — starts
-only once this one has let go of the model.
+for that (Gradio may call it on its event loop, which must never block); the engine thread
+runs one job at a time, so the next run — whoever's it is — starts only once this one has let
+go of the model.
 """
 from __future__ import annotations
 
 import queue
 import threading
 from typing import Iterator
+
+from app.ui.engine_thread import EngineThread
 
 _DONE = object()
 
@@ -28,28 +31,26 @@ class _Failed:
 
 
 class BackgroundRun:
-    def __init__(self, events: Iterator, lock: threading.Lock):
+    def __init__(self, events: Iterator, engine_thread: EngineThread):
         self._events = events
-        self._lock = lock
         self._queue: queue.Queue = queue.Queue()
         self._stop = threading.Event()
         self._ended = threading.Event()   # set after the last item is queued
-        self._thread = threading.Thread(target=self._pump, name="eagle-lens-engine", daemon=True)
-        self._thread.start()
+        self._job = engine_thread.submit(self._pump)   # queued behind any run still finishing
 
     def _pump(self) -> None:
-        with self._lock:                  # one generation at a time on the shared model
-            try:
+        try:
+            if not self._stop.is_set():   # closed while queued: never start the engine
                 for record in self._events:
                     self._queue.put(record)
                     if self._stop.is_set():
                         break
-            except BaseException as exc:  # handed to the handler thread, which re-raises it
-                self._queue.put(_Failed(exc))
-            finally:
-                self._events.close()      # only this thread ever touches the engine's iterator
-        self._queue.put(_DONE)
-        self._ended.set()
+        except BaseException as exc:      # handed to the handler thread, which re-raises it
+            self._queue.put(_Failed(exc))
+        finally:
+            self._events.close()          # only the engine thread ever touches the engine's iterator
+            self._queue.put(_DONE)
+            self._ended.set()
 
     def batches(self, interval: float) -> Iterator[list]:
         """Lists of new records: at most one list every ``interval`` seconds, a last (possibly
@@ -85,4 +86,5 @@ class BackgroundRun:
         self._stop.set()
 
     def join(self, timeout: float | None = None) -> None:
-        self._thread.join(timeout)
+        """Wait until the run has ended (its job on the engine thread has returned)."""
+        self._ended.wait(timeout)

@@ -22,10 +22,10 @@ and the page says why EAGLE methods are off. It never falls back to a random hea
 from __future__ import annotations
 
 import os
-import threading
 from dataclasses import dataclass, field
 
 from app.engine.config import GenerationLimits, TreeConfig
+from app.ui.engine_thread import EngineThread
 
 
 def _env_int(name: str, default: int) -> int:
@@ -108,10 +108,10 @@ class AppContext:
     model_note: str = ""
     head_missing: str = ""                   # why EAGLE methods are off ("" = they are on)
     tree_defaults: TreeConfig = field(default_factory=TreeConfig)   # the page's initial tree knobs
-    # Held by whoever is running the model. The Gradio queue already runs one engine event at
-    # a time; the lock also covers the moment after a Stop, when the stopped run is finishing
-    # its last step while the next event starts.
-    engine_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # Every torch computation of the server runs here, one job at a time (see engine_thread.py:
+    # one OpenMP team instead of one per thread, and the visitors' runs serialised on the shared
+    # model, including the moment after a Stop when the stopped run finishes its last step).
+    engine_thread: EngineThread = field(default_factory=EngineThread, repr=False)
 
     @property
     def update_interval(self) -> float:
@@ -142,10 +142,16 @@ class AppContext:
 def load_context(config: ServerConfig | None = None, log=print) -> AppContext:
     """Load the target and, if it exists, the draft head named by the server config; with
     ``config.auto_tree``, size the default tree for this machine (see ``auto_tree_defaults``)."""
+    config = config or ServerConfig.from_env()
+    engine_thread = EngineThread()
+    # Load (and autotune) on the engine thread, the thread that will also run every generation.
+    return engine_thread.call(_load_context, config, engine_thread, log)
+
+
+def _load_context(config: ServerConfig, engine_thread: EngineThread, log) -> AppContext:
     from app.engine.engine import Engine
     from app.engine.loading import load_draft_head, load_draft_vocab, load_target
 
-    config = config or ServerConfig.from_env()
     target = load_target(config.base_model, device=config.device, dtype=config.dtype)
     head, missing = None, ""
     try:
@@ -162,7 +168,7 @@ def load_context(config: ServerConfig | None = None, log=print) -> AppContext:
     if head is not None and config.auto_tree:
         tree, tree_note = auto_tree_defaults(engine, log)
         note += f". {tree_note}"
-    return AppContext(engine, config, note, missing, tree_defaults=tree)
+    return AppContext(engine, config, note, missing, tree_defaults=tree, engine_thread=engine_thread)
 
 
 def auto_tree_defaults(engine, log=print) -> tuple[TreeConfig, str]:

@@ -1,0 +1,93 @@
+"""One thread owns every torch computation of the app server: loading, autotune, every run.
+
+Why not just start a thread per run: on a CPU, PyTorch parallelises each op with OpenMP, and
+an OpenMP runtime keeps one *team* of worker threads per calling thread. When the model is
+loaded on one thread and decoded on another, the process ends up with two teams. Measured on
+the 2-core dev machine (embedded model, 256 tokens, auto tree), with no Gradio involved:
+decoding on the thread that loaded the model ran 29.5-30.5 tokens/s, on a fresh thread
+22.8-24.0; loading *and* decoding on one worker thread, the main thread never touching torch,
+ran as fast as the main thread. Once a second thread had run torch even the first got slower:
+the idle team's spinning workers compete with the busy team for the same two cores.
+
+So the server hands every piece of model work to one long-lived thread, the *engine thread*,
+as a job, and jobs run one after another. That also serialises the visitors' runs on the
+shared model, which a lock used to do.
+
+A process forked from the server (ZeroGPU runs handlers that way) does not inherit threads,
+so the engine thread is started again in a process that does not have it yet.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
+
+
+class EngineThread:
+    """A single worker thread, per process, that runs submitted jobs in order.
+
+    ``submit(fn, ...)`` queues a job and returns a ``Future``; ``call(fn, ...)`` waits for its
+    result (and runs ``fn`` directly when already on the engine thread, so a job may call it
+    without deadlocking). ``idle`` says whether no job is queued or running.
+    """
+
+    def __init__(self, name: str = "eagle-lens-engine"):
+        self._name = name
+        self._guard = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._pid: int | None = None
+        self._ident: int | None = None     # the worker's thread id, once it has run a job
+        self._pending = 0                  # jobs queued or running
+
+    def _executor(self) -> ThreadPoolExecutor:
+        # ThreadPoolExecutor with one worker keeps that worker for its whole life: every job
+        # runs on the same OS thread, which is the point.
+        if self._pid != os.getpid():       # first use, or a forked child: the old thread is gone
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self._name)
+            self._pid, self._ident, self._pending = os.getpid(), None, 0
+        return self._pool
+
+    def _run(self, fn: Callable[..., T], args, kwargs) -> T:
+        self._ident = threading.get_ident()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            with self._guard:
+                self._pending -= 1
+
+    def submit(self, fn: Callable[..., T], *args, **kwargs) -> Future:
+        """Queue ``fn(*args, **kwargs)`` on the engine thread."""
+        with self._guard:
+            pool = self._executor()
+            self._pending += 1
+        try:
+            return pool.submit(self._run, fn, args, kwargs)
+        except BaseException:
+            with self._guard:
+                self._pending -= 1
+            raise
+
+    def on_engine_thread(self) -> bool:
+        return self._pid == os.getpid() and self._ident == threading.get_ident()
+
+    def call(self, fn: Callable[..., T], *args, timeout: float | None = None, **kwargs) -> T:
+        """``fn(*args, **kwargs)`` run on the engine thread; its result (or its exception)."""
+        if self.on_engine_thread():
+            return fn(*args, **kwargs)
+        return self.submit(fn, *args, **kwargs).result(timeout)
+
+    @property
+    def idle(self) -> bool:
+        """No job queued or running (the model is free)."""
+        return self._pending == 0
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until every job queued so far has finished; False if ``timeout`` passed first."""
+        try:
+            self.call(lambda: None, timeout=timeout)
+        except TimeoutError:
+            return False
+        return True
