@@ -124,7 +124,7 @@ class AppContext:
         4 updates/s -> 67-80% of the engine's own tokens/s, 1/s -> 84-86% (earlier prompt).
         With its default prompt at 256 tokens, 1/s gave 70% while the server busy-polled
         (blocks.calm_queue_polling, pump.BackgroundRun.batches) and 81% once it stopped;
-        one update per 2 s gave 86%, so the rate is no longer the main cost.
+        with every torch op on one engine thread (engine_thread.py), 93-96% at 1/s.
         So: 4 updates/s on a GPU or a CPU with >= 8 cores, down to 1/s on 2 cores.
         """
         if self.config.update_interval_s is not None:
