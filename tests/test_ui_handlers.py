@@ -264,6 +264,25 @@ def test_engine_thread_runs_jobs_in_order_on_one_thread_and_allows_nested_calls(
     assert worker.idle
 
 
+def test_engine_thread_starts_afresh_in_a_forked_child():
+    """ZeroGPU runs handlers in a process forked from the server, which has no engine thread."""
+    import os
+    import threading
+
+    worker = EngineThread()
+    parent_ident = worker.call(threading.get_ident)
+    pid = os.fork()
+    if pid == 0:                                   # the child: exit 0 only if a job ran there
+        try:
+            ok = worker.call(lambda: 6 * 7, timeout=10) == 42 and worker.on_engine_thread() is False
+            os._exit(0 if ok else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    assert worker.call(threading.get_ident) == parent_ident   # the parent's thread is untouched
+
+
 def test_a_slow_page_never_makes_the_engine_wait():
     """The consumer takes 0.3 s per update; the 'engine' (20 steps of 10 ms) is not slowed to
     the page's pace (drawing every step in the same thread would take 20 x 0.3 = 6 s)."""

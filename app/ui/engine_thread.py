@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, TypeVar
 
@@ -41,6 +42,14 @@ class EngineThread:
         self._pid: int | None = None
         self._ident: int | None = None     # the worker's thread id, once it has run a job
         self._pending = 0                  # jobs queued or running
+        # In a forked child only the forking thread exists: start from scratch there (a fresh
+        # guard too, in case another thread held it at the moment of the fork).
+        ref = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: ref() is not None and ref()._forget())
+
+    def _forget(self) -> None:
+        self._guard = threading.Lock()
+        self._pool, self._pid, self._ident, self._pending = None, None, None, 0
 
     def _executor(self) -> ThreadPoolExecutor:
         # ThreadPoolExecutor with one worker keeps that worker for its whole life: every job
