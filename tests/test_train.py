@@ -187,17 +187,21 @@ def test_eval_stage_reports_every_set_at_a_temperature(tiny, monkeypatch, tmp_pa
     import json
 
     from app.engine import loading
-    from app.train.evaluate import run_eval
+    from app.train.evaluate import eval_tree, run_eval
 
     target, head = tiny
     monkeypatch.setattr(loading, "load_target", lambda *a, **k: target)
     monkeypatch.setattr(loading, "load_draft_head", lambda *a, **k: head)
     out = tmp_path / "eval.json"
     args = argparse.Namespace(base_model=None, eval_set="mt_bench,gsm8k", eval_indices="0,2", eval_prompts=None,
-                              eval_offset=0, eval_temperature=1.0, seed=3, eval_new_tokens=12, eval_out=str(out))
+                              eval_offset=0, eval_temperature=1.0, seed=3, eval_new_tokens=12, eval_out=str(out),
+                              eval_tree="20/3/4")
     results = run_eval(args, tmp_path)
     assert list(results) == ["mt_bench", "gsm8k"] == list(json.loads(out.read_text()))
     for r in results.values():
         assert r["prompts"] == 2 and r["temperature"] == 1.0 and r["new_tokens"] == 24
         assert r["tau"] == r["new_tokens"] / r["target_forwards"] >= 1.0
-        assert len(r["accepted_by_depth"]) == 5 and sum(r["accepted_length_counts"]) == r["target_forwards"]
+        assert len(r["accepted_by_depth"]) == 3 and sum(r["accepted_length_counts"]) == r["target_forwards"]
+        assert r["tree"] == "dynamic total_tokens=20 depth=3 top_k=4"
+    with pytest.raises(ValueError, match="TOTAL_TOKENS/DEPTH/TOP_K"):
+        eval_tree("60/5")

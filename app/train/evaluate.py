@@ -58,8 +58,19 @@ def measure_tau(engine, prompts: list[str], tree: TreeConfig, sampling: Sampling
 EVAL_SETS = ("mt_bench", "alpaca", "gsm8k", "humaneval", "qa", "sum")
 
 
+def eval_tree(spec: str) -> TreeConfig:
+    """``TOTAL/DEPTH/TOP_K`` -> the dynamic tree. Our depth counts drafted levels; the reference
+    EAGLE-2 code takes the root's top-k as one level and then grows ``depth`` more, so its
+    "depth 5" is our depth 6."""
+    parts = spec.split("/")
+    if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
+        raise ValueError(f"eval tree must be TOTAL_TOKENS/DEPTH/TOP_K, e.g. 60/5/10, got {spec!r}")
+    total, depth, top_k = (int(p) for p in parts)
+    return TreeConfig(method="dynamic", depth=depth, top_k=top_k, total_tokens=total)
+
+
 def run_eval(args, head_dir: Path) -> dict:
-    """tau and acceptance by depth at the papers' 60/5/10 tree, for each set in ``--eval-set``
+    """tau and acceptance by depth at the papers' 60/5/10 tree (or ``--eval-tree``), for each set in ``--eval-set``
     (comma-separated or 'all') at ``--eval-temperature``; one result per set, one model load."""
     from app.engine.engine import Engine
     from app.engine.loading import load_draft_head, load_target
@@ -67,7 +78,7 @@ def run_eval(args, head_dir: Path) -> dict:
     target = load_target(args.base_model, device="cpu", dtype="float32")
     head = load_draft_head(str(head_dir), target)
     engine = Engine(target, head)
-    tree = TreeConfig(method="dynamic", depth=5, top_k=10, total_tokens=60)
+    tree = eval_tree(getattr(args, "eval_tree", None) or "60/5/10")
     temperature = float(getattr(args, "eval_temperature", 0.0))
     sampling = SamplingConfig(temperature=temperature, seed=args.seed)
     names = EVAL_SETS if args.eval_set == "all" else [n.strip() for n in args.eval_set.split(",")]
@@ -81,7 +92,7 @@ def run_eval(args, head_dir: Path) -> dict:
         t0 = time.perf_counter()
         result = measure_tau(engine, prompts, tree, sampling, args.eval_new_tokens)
         result.update({"set": name, "offset": args.eval_offset, "indices": getattr(args, "eval_indices", None),
-                       "tree": "dynamic total_tokens=60 depth=5 top_k=10", "temperature": temperature,
+                       "tree": f"dynamic total_tokens={tree.total_tokens} depth={tree.depth} top_k={tree.top_k}", "temperature": temperature,
                        "max_new_tokens": args.eval_new_tokens, "wall_s": time.perf_counter() - t0})
         log(f"eval: {json.dumps(result)}")
         results[name] = result
