@@ -166,6 +166,45 @@ def test_stop_is_the_last_word(ctx, phase):
     assert ctx.engine_thread.wait_idle(10)   # the engine thread let go of the model
 
 
+def test_stop_is_noticed_while_the_engine_is_silent(ctx):
+    """Stop during a run that yields nothing for a long time (a long prefill, or the run queued
+    behind another visitor's on the engine thread): the handler notices Stop at its next
+    update interval instead of waiting for the engine's first record."""
+    import threading
+    import time
+
+    from dataclasses import replace
+
+    real = ctx.engine.generate
+
+    def silent_then_real(*args, **kwargs):
+        inner = real(*args, **kwargs)
+
+        def gen():
+            time.sleep(5.0)             # the engine is busy elsewhere for 5 s
+            yield from inner
+        return gen()
+
+    ctx = replace(ctx, config=replace(ctx.config, update_interval_s=0.1))
+    session = Session()
+    ctx.engine.generate = silent_then_real
+    try:
+        views = []
+        consumer = threading.Thread(target=lambda: views.extend(handlers.generate(ctx, session, **BASE)))
+        consumer.start()
+        while not views:
+            time.sleep(0.01)            # the first view (prefill…) is on the page
+        t0 = time.monotonic()
+        view = handlers.stop(session)
+        waited = time.monotonic() - t0
+        consumer.join(10)
+    finally:
+        ctx.engine.generate = real
+    assert waited < 2.0, waited         # not the 5 s until the engine's first record
+    assert view["status"] == "stopped after 0 steps." and not consumer.is_alive()
+    assert ctx.engine_thread.wait_idle(10)
+
+
 def test_closing_generate_closes_the_engine_within_one_step(ctx):
     """What Gradio does on Stop or a closed tab: close the handler generator."""
     seen = []

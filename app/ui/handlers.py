@@ -168,7 +168,7 @@ def _run_vanilla(ctx: AppContext, session: Session, request: Request):
                     session.vanilla = session.race_vanilla = VanillaRun(key, steps, ev)
                 else:
                     steps.append(ev)
-            if session.race_vanilla is None:
+            if batch and session.race_vanilla is None:
                 yield {"status": f"racing vanilla decoding: {sum(len(s.new_tokens) for s in steps)} tokens…",
                        "race": race_figure(session.steps, steps)}
     finally:
@@ -235,7 +235,7 @@ def generate(ctx: AppContext, session: Session, step_mode: bool = False, **raw):
                         session.steps.append(ev)
                 if session.stop_requested:
                     return
-                if session.summary is None:
+                if batch and session.summary is None:   # an empty batch: nothing new to draw
                     yield live_view(session, f"decoding with {request.tree.method}…", cached)
         finally:
             run.close()

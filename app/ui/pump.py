@@ -53,8 +53,11 @@ class BackgroundRun:
             self._ended.set()
 
     def batches(self, interval: float) -> Iterator[list]:
-        """Lists of new records: at most one list every ``interval`` seconds, a last (possibly
-        empty) one when the run has ended. Re-raises an error from the engine."""
+        """Lists of new records: one list every ``interval`` seconds — empty when no record
+        arrived, so that the caller can still notice a Stop while the engine is silent (a long
+        prefill, or this run queued behind another visitor's) — and a last (possibly empty)
+        one when the run has ended. With ``interval`` 0, a list per arriving record. Re-raises
+        an error from the engine."""
         done = False
         while not done:
             if interval > 0:
@@ -78,7 +81,7 @@ class BackgroundRun:
                 if isinstance(item, _Failed):
                     raise item.exc
                 batch.append(item)
-            if batch or done:
+            if batch or done or interval > 0:
                 yield batch
 
     def close(self) -> None:
