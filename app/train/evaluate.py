@@ -70,8 +70,9 @@ def eval_tree(spec: str) -> TreeConfig:
 
 
 def run_eval(args, head_dir: Path) -> dict:
-    """tau and acceptance by depth at the papers' 60/5/10 tree (or ``--eval-tree``), for each set in ``--eval-set``
-    (comma-separated or 'all') at ``--eval-temperature``; one result per set, one model load."""
+    """tau and acceptance by depth at the papers' 60/5/10 tree (or ``--eval-tree``), for each
+    set in ``--eval-set`` (comma-separated or 'all') at ``--eval-temperature``; one result per
+    set, one model load."""
     from app.engine.engine import Engine
     from app.engine.loading import load_draft_head, load_target
 
@@ -92,7 +93,8 @@ def run_eval(args, head_dir: Path) -> dict:
         t0 = time.perf_counter()
         result = measure_tau(engine, prompts, tree, sampling, args.eval_new_tokens)
         result.update({"set": name, "offset": args.eval_offset, "indices": getattr(args, "eval_indices", None),
-                       "tree": f"dynamic total_tokens={tree.total_tokens} depth={tree.depth} top_k={tree.top_k}", "temperature": temperature,
+                       "tree": f"dynamic total_tokens={tree.total_tokens} depth={tree.depth} top_k={tree.top_k}",
+                       "temperature": temperature,
                        "max_new_tokens": args.eval_new_tokens, "wall_s": time.perf_counter() - t0})
         log(f"eval: {json.dumps(result)}")
         results[name] = result

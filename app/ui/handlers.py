@@ -7,8 +7,9 @@ slider, a file path). ``blocks.py`` maps names to components; tests call handler
 Bad input raises ``ValueError`` with a message for the page.
 
 Speed: the engine decodes on the server's engine thread (``pump.BackgroundRun``; every torch
-op runs on that one thread, see ``engine_thread``) and never waits for the page; the handler draws at most once every ``ctx.update_interval`` seconds from whatever records have
-arrived, and only the latest step's tree. The race's clock is the engine's own per-step time.
+op runs on that one thread, see ``engine_thread``) and never waits for the page; the handler
+draws at most once every ``ctx.update_interval`` seconds from whatever records have arrived,
+and only the latest step's tree. The race's clock is the engine's own per-step time.
 """
 from __future__ import annotations
 

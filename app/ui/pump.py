@@ -4,8 +4,8 @@ The engine yields one record per target forward. If the Gradio handler pulled th
 itself, every page update (building figures, serialising JSON, sending it) would pause the
 engine. Instead a ``BackgroundRun`` job on the server's single engine thread
 (``engine_thread.EngineThread``: every torch op of the server runs there) pulls them as fast
-as the engine makes them and puts them on a queue; the handler wakes up every ``interval`` seconds, takes whatever
-arrived, and draws once. Torch releases Python's GIL inside its kernels, so drawing and
+as the engine makes them and puts them on a queue; the handler wakes up every ``interval``
+seconds, takes whatever arrived, and draws once. Torch releases Python's GIL inside its kernels, so drawing and
 decoding overlap.
 
 Stopping: ``close()`` sets a flag that the thread checks after every record; the thread then
