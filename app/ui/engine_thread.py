@@ -39,24 +39,23 @@ class EngineThread:
         self._name = name
         self._guard = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
-        self._pid: int | None = None
         self._ident: int | None = None     # the worker's thread id, once it has run a job
         self._pending = 0                  # jobs queued or running
-        # In a forked child only the forking thread exists: start from scratch there (a fresh
-        # guard too, in case another thread held it at the moment of the fork).
+        # In a forked child only the forking thread exists: forget the pool whose worker is gone
+        # and start a new one on first use (a fresh guard too, in case another thread held it
+        # at the moment of the fork).
         ref = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: ref() is not None and ref()._forget())
 
     def _forget(self) -> None:
         self._guard = threading.Lock()
-        self._pool, self._pid, self._ident, self._pending = None, None, None, 0
+        self._pool, self._ident, self._pending = None, None, 0
 
     def _executor(self) -> ThreadPoolExecutor:
         # ThreadPoolExecutor with one worker keeps that worker for its whole life: every job
         # runs on the same OS thread, which is the point.
-        if self._pid != os.getpid():       # first use, or a forked child: the old thread is gone
+        if self._pool is None:             # first use, or a forked child (see _forget)
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self._name)
-            self._pid, self._ident, self._pending = os.getpid(), None, 0
         return self._pool
 
     def _run(self, fn: Callable[..., T], args, kwargs) -> T:
@@ -80,7 +79,7 @@ class EngineThread:
             raise
 
     def on_engine_thread(self) -> bool:
-        return self._pid == os.getpid() and self._ident == threading.get_ident()
+        return self._ident == threading.get_ident()
 
     def call(self, fn: Callable[..., T], *args, timeout: float | None = None, **kwargs) -> T:
         """``fn(*args, **kwargs)`` run on the engine thread; its result (or its exception)."""
