@@ -90,6 +90,39 @@ def test_recorded_features_match_a_full_forward_and_round_trip(tmp_path):
         assert torch.equal(getattr(back, name), getattr(fs, name)), name
 
 
+def test_batched_answers_equal_answers_decoded_alone_while_finished_rows_leave_the_batch(monkeypatch):
+    """The data stage's batch (left padding, preallocated KV buffer, finished answers dropped
+    from the batch) must not change any answer: greedy, each conversation equals decoding its
+    prompt alone, token for token, with the same features. An EOS that the model emits at
+    different steps for different prompts makes rows end apart, so rows are dropped mid-run."""
+    from app.train import data
+
+    target = tiny_target(seed=5)
+    prompts = _tiny_prompts(8, seed=11)
+    run = lambda ps, eos: generate_with_features(target.model, target.tokenizer, ps, 0, 24, seed=0,
+                                                 eos_ids=eos, pad_id=0)
+    free = run(prompts, set())                          # no EOS: every answer runs 23 tokens
+    first = [free.conversation(s)[0][free.conversation(s)[2]:] for s in range(len(free))]
+    # the token that most rows emit, at different steps, becomes the EOS
+    counts = torch.bincount(torch.cat(first), minlength=target.model.config.vocab_size)
+    eos = int(counts.argmax())
+    ends = sorted({int((f == eos).nonzero()[0]) for f in first if (f == eos).any()})
+    assert len(ends) >= 2, "the test needs answers that end at different steps"
+
+    drops = []
+    select = data.PreallocatedLayer.batch_select_indices
+    monkeypatch.setattr(data.PreallocatedLayer, "batch_select_indices",
+                        lambda self, idx: (drops.append(idx.numel()), select(self, idx))[1])
+    batched = run(prompts, {eos})
+    assert drops and min(drops) < len(prompts), "finished rows were never dropped from the batch"
+    for s, p in enumerate(prompts):
+        alone = run([p], {eos})
+        tokens, feats, plen = batched.conversation(s)
+        ref_tokens, ref_feats, ref_plen = alone.conversation(0)
+        assert plen == ref_plen and torch.equal(tokens, ref_tokens), f"answer {s} differs"
+        torch.testing.assert_close(feats, ref_feats, atol=2e-2, rtol=2e-3)  # float16 storage
+
+
 # --- training ----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
