@@ -238,3 +238,32 @@ def test_eval_stage_reports_every_set_at_a_temperature(tiny, monkeypatch, tmp_pa
         assert r["tree"] == "dynamic total_tokens=20 depth=3 top_k=4"
     with pytest.raises(ValueError, match="TOTAL_TOKENS/DEPTH/TOP_K"):
         eval_tree("60/5")
+
+
+def test_eval_halves_pool_to_the_whole_set(tiny, tmp_path):
+    """An eval split over two processes (``--eval-indices 0-39`` and ``40-79``) pools to the
+    same tau and acceptance by depth as one run over all prompts."""
+    from app.engine.config import SamplingConfig, TreeConfig
+    from app.engine.engine import Engine
+    from app.train.evaluate import measure_tau, pool
+
+    target, head = tiny
+    engine = Engine(target, head)
+    tree = TreeConfig(method="dynamic", depth=3, top_k=4, total_tokens=12)
+    prompts = [p.text for p in _tiny_prompts(3, seed=2)]           # words the tiny tokenizer knows
+    seen = []
+    whole = measure_tau(engine, prompts, tree, SamplingConfig(), 16, progress=lambda *a: seen.append(a))
+    assert [s[:2] for s in seen] == [(1, 3), (2, 3), (3, 3)] and seen[-1][2] == pytest.approx(whole["tau"])
+    parts = [measure_tau(engine, ps, tree, SamplingConfig(), 16) for ps in (prompts[:1], prompts[1:])]
+    pooled = pool(parts[0]["per_prompt"] + parts[1]["per_prompt"], tree.depth)
+    for key in ("tau", "accepted_by_depth", "accepted_length_counts", "new_tokens", "target_forwards"):
+        assert pooled[key] == whole[key], key
+    assert whole["tau"] > 1.0 and whole["new_tokens"] == 48
+    import json
+
+    from app.train.evaluate import pool_files
+    files = []
+    for i, part in enumerate(parts):                     # as ``--eval-out`` writes them
+        files.append(tmp_path / f"part{i}.json")
+        files[-1].write_text(json.dumps({"mt_bench": {**part, "tree": "t", "temperature": 0.0, "max_new_tokens": 16}}))
+    assert pool_files([str(f) for f in files])["mt_bench"]["tau"] == whole["tau"]

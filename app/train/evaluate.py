@@ -34,25 +34,41 @@ def parse_indices(spec: str) -> list[int]:
 
 
 def measure_tau(engine, prompts: list[str], tree: TreeConfig, sampling: SamplingConfig,
-                max_new_tokens: int) -> dict:
-    """Run the engine on each prompt; pooled tau and acceptance by depth."""
+                max_new_tokens: int, progress=None) -> dict:
+    """Run the engine on each prompt; pooled tau and acceptance by depth, plus each prompt's
+    own counts (``per_prompt``), so that runs over parts of a set pool exactly (``pool``).
+    ``progress(done, total, tau_so_far)`` is called after each prompt."""
     accepted_lengths: list[int] = []
-    new_tokens = forwards = 0
-    seconds = 0.0
-    for prompt in prompts:
+    per_prompt = []
+    for i, prompt in enumerate(prompts):
+        lengths: list[int] = []
         for event in engine.generate(prompt, tree=tree, sampling=sampling, max_new_tokens=max_new_tokens):
             if getattr(event, "type", None) == "summary":
-                new_tokens += event.new_tokens
-                forwards += event.target_forwards
-                seconds += event.seconds
+                per_prompt.append({"new_tokens": event.new_tokens, "target_forwards": event.target_forwards,
+                                   "seconds": event.seconds})
             else:
-                accepted_lengths.append(len(event.accepted))
-    reached = [len(accepted_lengths)] + [sum(a >= d for a in accepted_lengths) for d in range(1, tree.depth + 1)]
-    by_depth = [reached[d] / reached[d - 1] if reached[d - 1] else 0.0 for d in range(1, tree.depth + 1)]
-    hist = [sum(a == d for a in accepted_lengths) for d in range(tree.depth + 1)]
-    return {"prompts": len(prompts), "tau": new_tokens / max(1, forwards), "accepted_by_depth": by_depth,
+                lengths.append(len(event.accepted))
+        per_prompt[-1]["accepted_length_counts"] = [sum(a == d for a in lengths) for d in range(tree.depth + 1)]
+        accepted_lengths += lengths
+        if progress is not None:
+            progress(i + 1, len(prompts), sum(p["new_tokens"] for p in per_prompt)
+                     / max(1, sum(p["target_forwards"] for p in per_prompt)))
+    return pool(per_prompt, tree.depth)
+
+
+def pool(per_prompt: list[dict], depth: int) -> dict:
+    """Pooled tau (new tokens / target forwards) and acceptance by depth d (of the steps whose
+    accepted path reached depth d-1, the share that reached d) over per-prompt counts."""
+    hist = [sum(p["accepted_length_counts"][d] for p in per_prompt) for d in range(depth + 1)]
+    reached = [sum(hist[d:]) for d in range(depth + 1)]   # steps whose accepted path has >= d tokens
+    by_depth = [reached[d] / reached[d - 1] if reached[d - 1] else 0.0 for d in range(1, depth + 1)]
+    new_tokens = sum(p["new_tokens"] for p in per_prompt)
+    forwards = sum(p["target_forwards"] for p in per_prompt)
+    seconds = sum(p["seconds"] for p in per_prompt)
+    return {"prompts": len(per_prompt), "tau": new_tokens / max(1, forwards), "accepted_by_depth": by_depth,
             "accepted_length_counts": hist,  # steps that accepted 0, 1, ..., depth drafted tokens
-            "new_tokens": new_tokens, "target_forwards": forwards, "tokens_per_s": new_tokens / max(seconds, 1e-9)}
+            "new_tokens": new_tokens, "target_forwards": forwards, "tokens_per_s": new_tokens / max(seconds, 1e-9),
+            "per_prompt": per_prompt}
 
 
 EVAL_SETS = ("mt_bench", "alpaca", "gsm8k", "humaneval", "qa", "sum")
@@ -91,13 +107,36 @@ def run_eval(args, head_dir: Path) -> dict:
         else:
             prompts = first_turns(name, args.eval_prompts, offset=args.eval_offset)
         t0 = time.perf_counter()
-        result = measure_tau(engine, prompts, tree, sampling, args.eval_new_tokens)
+        result = measure_tau(engine, prompts, tree, sampling, args.eval_new_tokens,
+                             progress=lambda i, n, tau, name=name: log(f"eval {name}: {i}/{n} prompts, tau so far {tau:.3f}"))
         result.update({"set": name, "offset": args.eval_offset, "indices": getattr(args, "eval_indices", None),
                        "tree": f"dynamic total_tokens={tree.total_tokens} depth={tree.depth} top_k={tree.top_k}",
                        "temperature": temperature,
                        "max_new_tokens": args.eval_new_tokens, "wall_s": time.perf_counter() - t0})
-        log(f"eval: {json.dumps(result)}")
+        log(f"eval: {json.dumps({k: v for k, v in result.items() if k != 'per_prompt'})}")
         results[name] = result
     if args.eval_out:
         Path(args.eval_out).write_text(json.dumps(results, indent=1) + "\n")
     return results
+
+
+def pool_files(paths: list[str]) -> dict:
+    """Pool ``--eval-out`` JSON files of runs over parts of the same sets (same tree and
+    temperature), set by set: ``python -m app.train.evaluate part1.json part2.json``."""
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    out = {}
+    for name in dict.fromkeys(n for r in runs for n in r):
+        parts = [r[name] for r in runs if name in r]
+        if len({(p["tree"], p["temperature"], p["max_new_tokens"]) for p in parts}) != 1:
+            raise ValueError(f"{name}: the runs differ in tree, temperature or length; they do not pool")
+        depth = len(parts[0]["accepted_by_depth"])
+        out[name] = pool([pp for p in parts for pp in p["per_prompt"]], depth)
+        out[name].update({k: parts[0][k] for k in ("tree", "temperature", "max_new_tokens")})
+    return out
+
+
+if __name__ == "__main__":
+    import sys
+
+    for name, r in pool_files(sys.argv[1:]).items():
+        print(json.dumps({"set": name, **{k: v for k, v in r.items() if k != "per_prompt"}}))
