@@ -146,9 +146,9 @@ def generate_with_features(model, tokenizer, prompts: list[Prompt], shard: int, 
 
     Two things keep the batch cheap: the KV cache is a preallocated buffer written in place
     (``PreallocatedLayer``), and answers that have ended leave the batch. Together they took
-    one shard (64 prompts, 11.6k response tokens, bf16, 2 threads) from 110 to 154 tokens/s. Until enough of them have ended to pay for the one copy
-    of the cache that dropping them costs, finished rows are fed masked pads, as ``generate``
-    does.
+    one shard (64 prompts, 11.6k response tokens, bf16, 2 threads) from 110 to 154 tokens/s.
+    Until enough answers have ended to pay for the one copy of the cache that dropping them
+    costs, finished rows are fed masked pads, as ``generate`` does.
 
     Returns a FeatureShard whose conversation s is prompt + response (response up to and
     including its first EOS, or ``max_new_tokens - 1`` tokens: the last sampled token is never
@@ -198,7 +198,8 @@ def generate_with_features(model, tokenizer, prompts: list[Prompt], shard: int, 
         if n_done >= max(1, int(COMPACT_FRACTION * done.numel())):
             keep = (~done).nonzero()[:, 0]                       # drop finished rows: one copy
             cache.batch_select_indices(keep)
-            mask, positions, last, rows, done = mask[keep], positions[keep], last[keep], rows[keep], done[keep]
+            mask, positions, last = mask[keep], positions[keep], last[keep]
+            rows, done = rows[keep], done[keep]
     tokens, features, lens = [], [], []
     for i, e in enumerate(encoded):
         a = P - len(e)                                           # first real prompt column

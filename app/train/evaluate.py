@@ -38,7 +38,6 @@ def measure_tau(engine, prompts: list[str], tree: TreeConfig, sampling: Sampling
     """Run the engine on each prompt; pooled tau and acceptance by depth, plus each prompt's
     own counts (``per_prompt``), so that runs over parts of a set pool exactly (``pool``).
     ``progress(done, total, tau_so_far)`` is called after each prompt."""
-    accepted_lengths: list[int] = []
     per_prompt = []
     for i, prompt in enumerate(prompts):
         lengths: list[int] = []
@@ -48,8 +47,8 @@ def measure_tau(engine, prompts: list[str], tree: TreeConfig, sampling: Sampling
                                    "seconds": event.seconds})
             else:
                 lengths.append(len(event.accepted))
-        per_prompt[-1]["accepted_length_counts"] = [sum(a == d for a in lengths) for d in range(tree.depth + 1)]
-        accepted_lengths += lengths
+        counts = [sum(a == d for a in lengths) for d in range(tree.depth + 1)]   # steps accepting d drafts
+        per_prompt[-1]["accepted_length_counts"] = counts
         if progress is not None:
             progress(i + 1, len(prompts), sum(p["new_tokens"] for p in per_prompt)
                      / max(1, sum(p["target_forwards"] for p in per_prompt)))
@@ -108,7 +107,8 @@ def run_eval(args, head_dir: Path) -> dict:
             prompts = first_turns(name, args.eval_prompts, offset=args.eval_offset)
         t0 = time.perf_counter()
         result = measure_tau(engine, prompts, tree, sampling, args.eval_new_tokens,
-                             progress=lambda i, n, tau, name=name: log(f"eval {name}: {i}/{n} prompts, tau so far {tau:.3f}"))
+                             progress=lambda i, n, tau, name=name: log(
+                                 f"eval {name}: {i}/{n} prompts, tau so far {tau:.3f}"))
         result.update({"set": name, "offset": args.eval_offset, "indices": getattr(args, "eval_indices", None),
                        "tree": f"dynamic total_tokens={tree.total_tokens} depth={tree.depth} top_k={tree.top_k}",
                        "temperature": temperature,
