@@ -95,7 +95,7 @@ def test_batched_answers_equal_answers_decoded_alone_while_finished_rows_leave_t
     from the batch) must not change any answer: greedy, each conversation equals decoding its
     prompt alone, token for token, with the same features. An EOS that the model emits at
     different steps for different prompts makes rows end apart, so rows are dropped mid-run."""
-    from app.train import data
+    from app.engine import kv
 
     target = tiny_target(seed=5)
     prompts = _tiny_prompts(8, seed=11)
@@ -110,8 +110,8 @@ def test_batched_answers_equal_answers_decoded_alone_while_finished_rows_leave_t
     assert len(ends) >= 2, "the test needs answers that end at different steps"
 
     drops = []
-    select = data.PreallocatedLayer.batch_select_indices
-    monkeypatch.setattr(data.PreallocatedLayer, "batch_select_indices",
+    select = kv.PreallocatedLayer.batch_select_indices
+    monkeypatch.setattr(kv.PreallocatedLayer, "batch_select_indices",
                         lambda self, idx: (drops.append(idx.numel()), select(self, idx))[1])
     batched = run(prompts, {eos})
     assert drops and min(drops) < len(prompts), "finished rows were never dropped from the batch"

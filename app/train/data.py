@@ -34,8 +34,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
-from transformers.cache_utils import DynamicLayer
 
+from app.engine.kv import preallocated_cache
 from app.train.prompts import Prompt
 
 # The decoding mode of shard i is MODES[i % len(MODES)]: half greedy, half sampled.
@@ -73,67 +73,6 @@ def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
 
 # --- the decode loop ------------------------------------------------------------------------
 
-class PreallocatedLayer(DynamicLayer):
-    """A ``DynamicLayer`` whose keys and values live in one buffer allocated at the first
-    update, sized for the whole answer, so a decode step writes one column in place.
-
-    transformers' ``DynamicLayer`` concatenates every new key/value onto the old tensors, which
-    copies the whole cache each step: for a batch of 64 answers with 300 cached positions that
-    ``torch.cat`` was 31% of a bf16 decode step on this CPU (torch.profiler). ``keys``/``values``
-    stay what the attention reads: views ``[:, :, :length]`` of the buffers.
-    """
-
-    def __init__(self, capacity: int):
-        super().__init__()
-        self.capacity = capacity
-        self.length = 0
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        B, heads, _, d = key_states.shape
-        self.device = key_states.device
-        self.key_buffer = key_states.new_empty(B, heads, self.capacity, d)      # (B, kv_heads, C, d)
-        self.value_buffer = value_states.new_empty(B, heads, self.capacity, value_states.shape[-1])
-        self.length = 0
-        self.is_initialized = True
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        n = key_states.shape[-2]
-        if self.length + n > self.capacity:
-            raise RuntimeError(f"KV buffer of {self.capacity} positions is full")
-        self.key_buffer[:, :, self.length:self.length + n] = key_states
-        self.value_buffer[:, :, self.length:self.length + n] = value_states
-        self.length += n
-        self._expose()
-        return self.keys, self.values
-
-    def _expose(self) -> None:
-        self.keys = self.key_buffer[:, :, :self.length]
-        self.values = self.value_buffer[:, :, :self.length]
-
-    def crop(self, tokens_to_remove: int) -> None:
-        raise NotImplementedError("the data stage never crops its cache")
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        """Keep only the rows ``indices`` (answers still being generated): one copy."""
-        if self.is_initialized:
-            self.key_buffer = self.key_buffer[indices]
-            self.value_buffer = self.value_buffer[indices]
-            self._expose()
-
-
-def preallocated_cache(model, capacity: int):
-    """A ``DynamicCache`` for ``model`` whose full-attention layers are ``PreallocatedLayer``s
-    of ``capacity`` positions (other layer kinds, e.g. sliding windows, are kept as they are)."""
-    from transformers import DynamicCache
-
-    cache = DynamicCache(config=model.config)
-    cache.layers = [PreallocatedLayer(capacity) if type(layer) is DynamicLayer else layer
-                    for layer in cache.layers]
-    return cache
-
-
 @torch.no_grad()
 def generate_with_features(model, tokenizer, prompts: list[Prompt], shard: int, max_new_tokens: int,
                            seed: int, eos_ids: set[int], pad_id: int) -> "FeatureShard":
@@ -145,7 +84,7 @@ def generate_with_features(model, tokenizer, prompts: list[Prompt], shard: int, 
     ``torch.Generator``. Positions follow the mask (``cumsum - 1``), as in ``generate``.
 
     Two things keep the batch cheap: the KV cache is a preallocated buffer written in place
-    (``PreallocatedLayer``), and answers that have ended leave the batch. Together they took
+    (``kv.PreallocatedLayer``), and answers that have ended leave the batch. Together they took
     one shard (64 prompts, 11.6k response tokens, bf16, 2 threads) from 110 to 154 tokens/s.
     Until enough answers have ended to pay for the one copy of the cache that dropping them
     costs, finished rows are fed masked pads, as ``generate`` does.

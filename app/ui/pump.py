@@ -5,8 +5,8 @@ itself, every page update (building figures, serialising JSON, sending it) would
 engine. Instead a ``BackgroundRun`` job on the server's single engine thread
 (``engine_thread.EngineThread``: every torch op of the server runs there) pulls them as fast
 as the engine makes them and puts them on a queue; the handler wakes up every ``interval``
-seconds, takes whatever arrived, and draws once. Torch releases Python's GIL inside its kernels, so drawing and
-decoding overlap.
+seconds, takes whatever arrived, and draws once. Torch releases Python's GIL inside its
+kernels, so drawing and decoding overlap.
 
 Stopping: ``close()`` sets a flag that the thread checks after every record; the thread then
 closes the engine's iterator, so generation ends within one step. ``close()`` does not wait
