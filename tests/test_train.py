@@ -23,10 +23,9 @@ def _jaccard(a: set, b: set) -> float:
     return len(a & b) / len(a | b) if a | b else 0.0
 
 
-def test_prompt_set_is_disjoint_from_every_eval_set():
+def _assert_disjoint_from_eval(prompts):
     """Brute force, independent of EvalIndex: no exact match, no trigram Jaccard >= 0.5,
     and no eval question (of >= 4 trigrams) 80 % contained in a prompt."""
-    prompts = build_prompts(600, seed=0)  # the shipped set is build_prompts(4096, 0): same prefix
     questions = eval_questions()
     exact = {normalise(q) for q in questions}
     q_grams = [ngrams(q) for q in questions]
@@ -37,8 +36,28 @@ def test_prompt_set_is_disjoint_from_every_eval_set():
             assert _jaccard(grams, qg) < 0.5, (p.text, q)
             if len(qg) >= 4:
                 assert len(grams & qg) / len(qg) < 0.8, (p.text, q)
-    assert len({p.category for p in prompts}) == 8
     assert len({normalise(p.text) for p in prompts}) == len(prompts)
+
+
+def test_prompt_set_is_disjoint_from_every_eval_set():
+    prompts = build_prompts(600, seed=0)  # the shipped set is build_prompts(12288, 0): same prefix
+    _assert_disjoint_from_eval(prompts)
+    assert len({p.category for p in prompts}) == 8
+
+
+def test_second_generation_appends_new_families_and_keeps_the_prefix():
+    """Growing the set past the first generation appends (shards on disk keep their prompts);
+    the second generation brings the role-play, extraction, STEM, humanities and reasoning
+    families, with the same eval-disjointness guarantee."""
+    small = build_prompts(150, seed=0, first_generation=100)
+    big = build_prompts(700, seed=0, first_generation=100)
+    assert big[:150] == small
+    assert big[:100] == build_prompts(100, seed=0)           # the first generation is unchanged
+    second = big[100:]
+    cats = {p.category for p in second}
+    assert {"roleplay", "extraction", "stem", "humanities", "reasoning"} <= cats
+    assert not cats & {"chat", "explanation", "factual", "translation"}
+    _assert_disjoint_from_eval(second)
 
 
 def test_overlap_detector_catches_paraphrase_and_embedding():
@@ -88,6 +107,30 @@ def test_recorded_features_match_a_full_forward_and_round_trip(tmp_path):
     assert back.mode == fs.mode
     for name in ("tokens", "features", "offsets", "prompt_lens"):
         assert torch.equal(getattr(back, name), getattr(fs, name)), name
+
+
+def test_data_stage_makes_only_the_chosen_shards_in_the_chosen_order(tmp_path, monkeypatch, capsys):
+    """``--stage data --shards 1,3 --reverse``: shard files 3 then 1 appear, no others, each with
+    its own prompts' answers; a rerun finds them done and makes nothing."""
+    import argparse
+
+    from app.engine import loading
+    from app.train.cli import run_data
+    from app.train.prompts import save_prompts
+
+    target = tiny_target(seed=2)
+    monkeypatch.setattr(loading, "load_target", lambda *a, **k: target)
+    save_prompts(_tiny_prompts(12), tmp_path / "prompts.jsonl")   # 4 shards of 3
+    args = argparse.Namespace(shard_size=3, shards="1,3", reverse=True, time_budget_min=None, base_model=None,
+                              data_dtype="float32", max_new_tokens=6, seed=0)
+    run_data(args, tmp_path)
+    made = sorted(p.name for p in (tmp_path / "features").iterdir())
+    assert made == ["shard_00001.safetensors", "shard_00003.safetensors"]
+    out = capsys.readouterr().out
+    assert out.index("data shard_00003") < out.index("data shard_00001")
+    assert all(len(FeatureShard.load(tmp_path / "features" / m)) == 3 for m in made)
+    run_data(args, tmp_path)
+    assert "data shard_" not in capsys.readouterr().out
 
 
 def test_batched_answers_equal_answers_decoded_alone_while_finished_rows_leave_the_batch(monkeypatch):

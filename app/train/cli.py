@@ -42,6 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=256, help="response length cap")
     p.add_argument("--reverse", action="store_true",
                    help="take shards from the last one down: a second data worker next to a forward one")
+    p.add_argument("--shards", default=None,
+                   help="only these shards, e.g. 128-191 (ranges and commas as in --eval-indices); default: all")
     p.add_argument("--time-budget-min", type=float, default=None,
                    help="data stages start no new shard after this many minutes")
     # training
@@ -144,7 +146,13 @@ def run_data(args, work: Path) -> None:
     start = time.perf_counter()
     target = None
     new_tokens = 0
-    order = range(n_shards - 1, -1, -1) if args.reverse else range(n_shards)
+    order = list(range(n_shards))
+    if getattr(args, "shards", None):
+        from app.train.evaluate import parse_indices
+        wanted = set(parse_indices(args.shards))
+        order = [s for s in order if s in wanted]
+    if args.reverse:
+        order.reverse()
     for shard in order:
         if args.time_budget_min is not None and time.perf_counter() - start > 60 * args.time_budget_min:
             log(f"data: time budget of {args.time_budget_min} min reached before shard {shard}; rerun to continue")

@@ -323,36 +323,275 @@ def _translate(g):
                  ).format(l=lang, s=s)
 
 
-# (category, weight): chat and writing dominate real use; every category stays present.
+# --- second generation (prompts 8,192 onwards): the mt_bench categories the head found hardest
+
+# Release 4's per-category tau on the 80 mt_bench first turns (extraction 2.49, stem 2.58,
+# humanities 2.73, writing 2.83, roleplay 2.91, reasoning 2.96, math 3.07, coding 3.22) and the
+# first generation's mix (no role-play, extraction or reasoning family; explanation and factual
+# templates used up) point at these five families.
+
+PERSONAS = [
+    "a ship's captain in the 1850s", "a museum tour guide", "a detective in a 1940s crime novel",
+    "a medieval blacksmith", "a friendly household robot", "a personal fitness coach", "a travel agent",
+    "a head chef on a busy Saturday night", "a park ranger", "the commander of a space station",
+    "a school librarian", "the founder of a small start-up", "a school principal", "a wise old oak tree",
+    "a street painter in Paris", "a football commentator", "a customer service agent", "a time traveller from the year 2400",
+    "a beekeeper", "a lighthouse keeper", "a mountain guide", "a marine biologist", "a kindergarten teacher",
+    "a village doctor", "a radio DJ", "a career counsellor", "a nutritionist", "a tailor", "a train conductor",
+    "an astronaut on the way to Mars", "a dragon who guards a library", "a retired opera singer",
+    "a zookeeper", "a pirate who has become a baker", "a barista", "a city mayor", "a ghost in an old castle",
+    "a news anchor", "a game designer", "a veterinarian", "a sommelier", "a firefighter", "a stand-up comedian",
+] + PEOPLE
+
+ROLE_TASKS = [
+    "describe a typical day at work", "give advice to someone who is {a}", "explain {t} to a curious visitor",
+    "tell the story of the hardest decision you ever made", "give a short speech to encourage your team",
+    "answer a child who asks why your job matters", "describe the most surprising thing you have seen",
+    "recommend three books and say why", "explain what you would change about the world",
+    "welcome a group of new students", "complain, politely, about the weather this week",
+    "share your favourite memory", "describe your workplace to someone who has never seen it",
+    "explain how you deal with stress", "give a newcomer five rules to live by",
+]
+
+
+def _roleplay(g):
+    persona = _pick(PERSONAS, g)
+    task = _pick(ROLE_TASKS, g).format(a=_pick(ACTIVITIES, g), t=_pick(TOPICS, g))
+    return _pick([
+        "Pretend you are {p}. {T}.", "Act as {p} and {task}.", "You are {p}. Stay in character and {task}.",
+        "Imagine you are {p}. In your own voice, {task}.", "Play the role of {p}: {task}.",
+        "I'd like you to speak as {p} would. Please {task}.",
+        "From now on you are {p}. A visitor asks you about {t}. What do you say?",
+        "Take on the persona of {p} and write a short monologue about {t}.",
+    ], g).format(p=persona, task=task, T=task[0].upper() + task[1:], t=_pick(TOPICS, g))
+
+
+PRODUCTS = ["wireless headphones", "a coffee grinder", "hiking boots", "a laptop stand", "a rice cooker",
+            "a reading lamp", "a yoga mat", "a smartwatch", "a travel backpack", "an electric kettle",
+            "a board game", "a desk chair", "running shoes", "a phone case", "a blender", "a tent"]
+PRAISES = ["works perfectly", "arrived quickly", "is well made", "is easy to use", "looks great",
+           "was worth every penny", "exceeded my expectations", "is very quiet"]
+FAULTS = ["broke after a week", "is too heavy", "arrived late", "is louder than expected",
+          "was missing a part", "feels cheap", "is hard to clean", "stopped charging"]
+CITIES = ["Lisbon", "Nairobi", "Osaka", "Santiago", "Oslo", "Hanoi", "Marrakesh", "Toronto", "Lima",
+          "Helsinki", "Cairo", "Bangkok", "Dublin", "Kathmandu", "Accra", "Krakow", "Athens", "Bogota"]
+JOBS = ["engineer", "nurse", "teacher", "designer", "accountant", "chef", "pilot", "librarian",
+        "architect", "pharmacist", "journalist", "electrician"]
+MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September",
+          "October", "November", "December"]
+
+
+def _synthetic_text(g) -> tuple[str, str]:
+    """A short made-up document and what kind it is: reviews, people, or sales records."""
+    kind = _int(0, 2, g)
+    k = _int(3, 5, g)
+    if kind == 0:
+        lines = []
+        for i in range(k):
+            good = _int(0, 1, g)
+            lines.append(f"Review {i + 1} ({_pick(NAMES, g)}): The {_pick(PRODUCTS, g).split(' ', 1)[-1]} "
+                         f"{_pick(PRAISES if good else FAULTS, g)}, and it {_pick(FAULTS if good else PRAISES, g)}.")
+        return "\n".join(lines), "reviews"
+    if kind == 1:
+        lines = [f"{_pick(NAMES, g)} is a {_int(22, 68, g)}-year-old {_pick(JOBS, g)} who moved to "
+                 f"{_pick(CITIES, g)} in {_int(1990, 2023, g)}." for _ in range(k)]
+        return " ".join(lines), "people"
+    lines = [f"On {_int(1, 28, g)} {_pick(MONTHS, g)}, {_pick(NAMES, g)} sold {_int(2, 90, g)} {_pick(ITEMS, g)[0]} "
+             f"in {_pick(CITIES, g)} for ${_int(5, 900, g)}." for _ in range(k)]
+    return " ".join(lines), "sales"
+
+
+def _extraction(g, passages):
+    if _int(0, 3, g) == 0:   # structure from real prose
+        return _pick([
+            "Read the text below and return a JSON object with the keys \"topic\", \"keywords\" (a list of "
+            "five) and \"summary\" (one sentence).\n\n{p}",
+            "List every technical term in this passage with a short definition of each, as a table.\n\n{p}",
+            "From the following text, extract all instructions or rules it gives, numbered.\n\n{p}",
+            "Identify the main claim of this paragraph and the evidence for it. Answer in two labelled lines.\n\n{p}",
+        ], g).format(p=_pick(passages, g))
+    text, kind = _synthetic_text(g)
+    asks = {
+        "reviews": ["Rate each review from 1 (negative) to 5 (positive) and return a JSON list of numbers.",
+                    "For each review, extract the reviewer's name, the product and one positive and one negative point. Answer in JSON.",
+                    "Which reviews are mostly positive and which mostly negative? Return a table with two columns."],
+        "people": ["Extract each person's name, age, job and city, and return them as a CSV table with a header row.",
+                   "Return a JSON array with one object per person (keys: name, age, job, city, year).",
+                   "Who has lived longest in their current city? List everyone sorted by the year they moved."],
+        "sales": ["Extract every sale as a JSON object with the keys date, seller, quantity, item, city and price.",
+                  "Make a markdown table of these sales and add a final row with the total revenue.",
+                  "Which city had the highest total sales in dollars? Show the figures you used."],
+    }[kind]
+    return f"{_pick(asks, g)}\n\n{text}"
+
+
+STEM_PROCESSES = [
+    "cellular respiration", "nuclear fission", "protein synthesis", "soil erosion", "the formation of stars",
+    "superconductivity", "osmosis", "combustion", "the nitrogen cycle", "doping a semiconductor",
+    "radioactive decay", "the refraction of light", "evaporation and condensation", "mitosis", "catalysis",
+    "covalent bonding", "how enzymes speed up reactions", "heat conduction", "lift on an aeroplane wing",
+    "how a transistor switches", "the life cycle of a star", "blood clotting", "how batteries store energy",
+    "how the ear turns sound into signals", "ocean currents", "how a refrigerator moves heat",
+    "the formation of fossils", "how GPS finds a position", "how lasers produce light", "crystallisation",
+    "how a vaccine trains the immune system", "continental drift", "how antibiotics kill bacteria",
+    "how a rocket works in the vacuum of space", "electromagnetic induction", "how a microwave oven heats food",
+]
+MISCONCEPTIONS = [
+    "heavier objects always fall faster than lighter ones", "the seasons are caused by the Earth's distance from the Sun",
+    "glass is a slow-moving liquid", "lightning never strikes the same place twice",
+    "humans use only ten percent of their brains", "blood is blue inside the body", "bats are blind",
+    "evolution means that animals try to adapt", "a penny dropped from a skyscraper could kill someone",
+    "cold weather by itself makes you catch a cold", "the tongue has separate zones for each taste",
+    "metal objects feel cold because they are colder than the air", "astronauts float because there is no gravity in orbit",
+]
+QUANTITIES = ["the distance to a nearby star", "the age of a rock", "the speed of sound", "air pressure",
+              "the mass of the Earth", "blood pressure", "the temperature of the Sun's surface",
+              "the strength of an earthquake", "the acidity of a liquid", "the size of an atom",
+              "the amount of sugar in a drink", "wind speed"]
+COUNTERFACTUALS = ["the Moon disappeared", "the Earth stopped rotating", "water did not expand when it freezes",
+                   "plants stopped photosynthesising", "light travelled at only 100 kilometres per hour",
+                   "the Earth had no magnetic field", "friction vanished for one day", "the Sun were twice as massive",
+                   "humans could see infrared light", "the oceans were fresh water"]
+
+
+def _stem(g):
+    return _pick([
+        "Describe the process of {x} and explain why it matters.", "What are the main stages of {x}?",
+        "Explain the science behind {x}, including any key equations.", "Explain {x} and give a real-world application.",
+        "What would happen if {cf}? Think it through scientifically.",
+        "A student claims that {m}. Is this correct? Explain.", "How do scientists measure {q}?",
+        "Design a simple experiment a school could run to demonstrate {x}.",
+        "Explain {x} to {aud}, then give the precise scientific version.",
+        "What are the most common misunderstandings about {x}?",
+    ], g).format(x=_pick(STEM_PROCESSES, g), cf=_pick(COUNTERFACTUALS, g), m=_pick(MISCONCEPTIONS, g),
+                 q=_pick(QUANTITIES, g), aud=_pick(AUDIENCES, g))
+
+
+HISTORY_EVENTS = [
+    "the French Revolution", "the fall of the Western Roman Empire", "the Industrial Revolution", "the invention of writing",
+    "the Cold War", "the abolition of slavery in the British Empire", "the Meiji Restoration", "the Black Death",
+    "the Age of Exploration", "the women's suffrage movement", "the founding of the United Nations",
+    "the Great Depression", "the Protestant Reformation", "the collapse of the Soviet Union", "the Green Revolution in agriculture",
+    "the partition of India", "the building of the transcontinental railroads", "the Scientific Revolution",
+    "the Apollo programme", "the end of apartheid", "the spread of the bubonic plague along trade routes",
+]
+IDEAS = [
+    "utilitarianism", "stoicism", "the social contract", "existentialism", "free will", "cultural relativism",
+    "the tragedy of the commons", "Keynesian economics", "globalisation", "comparative advantage",
+    "the separation of powers", "the division of labour", "behavioural economics", "the veil of ignorance",
+    "Confucian ethics", "Plato's allegory of the cave", "nationalism", "the rule of law", "soft power",
+]
+DEBATES = [
+    "banning cars from city centres", "compulsory voting", "public funding for the arts", "keeping animals in zoos",
+    "a four-day working week", "school uniforms", "taxing sugary drinks", "nuclear power", "universal basic income",
+    "homework for primary-school children", "raising the minimum wage", "space exploration budgets",
+    "remote work as the default", "standardised exams", "a ban on single-use plastics",
+]
+ARTS = ["impressionist painting", "Shakespeare's tragedies", "Greek mythology", "the Epic of Gilgamesh",
+        "Baroque music", "haiku poetry", "film noir", "Gothic cathedrals", "the Harlem Renaissance",
+        "ukiyo-e woodblock prints", "Russian novels of the nineteenth century", "hip-hop", "Bauhaus design"]
+
+
+def _humanities(g):
+    i1, i2 = _pick(IDEAS, g), _pick(IDEAS, g)
+    return _pick([
+        "Discuss the causes and consequences of {e}.", "What lessons can we learn today from {e}?",
+        "How did {e} change everyday life for ordinary people?", "Explain the main ideas of {i} and one criticism of it.",
+        "Present the arguments for and against {d}.", "Write a short, balanced essay on {d}.",
+        "Compare {i} with {i2}.", "How did {a} influence later culture?",
+        "What can {i} tell us about a modern problem such as {d}?", "Explain {i} using an example from {e}.",
+        "Outline an economist's view of {d}.", "Why do historians still argue about {e}?",
+    ], g).format(e=_pick(HISTORY_EVENTS, g), i=i1, i2=i2 if i2 != i1 else "pragmatism",
+                 d=_pick(DEBATES, g), a=_pick(ARTS, g))
+
+
+ADJECTIVES = [("taller", "shortest"), ("older", "youngest"), ("faster", "slowest"), ("heavier", "lightest")]
+DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
+CLASSES = [("cats", "mammals", "pets"), ("roses", "flowers", "red things"), ("squares", "rectangles", "shapes with equal sides"),
+           ("poets", "writers", "teachers"), ("whales", "animals that live in water", "mammals"),
+           ("apples", "fruits", "green things"), ("violins", "instruments", "wooden objects")]
+
+
+def _reasoning(g):
+    kind = _int(0, 5, g)
+    names = []
+    while len(names) < 4:  # four distinct names
+        n = _pick(NAMES, g)
+        if n not in names:
+            names.append(n)
+    a, b, c, d = names
+    if kind == 0:
+        more, least = _pick(ADJECTIVES, g)
+        return (f"{a} is {more} than {b}. {c} is {more} than {a}, and {b} is {more} than {d}. "
+                f"Who is the {least}, and how do you know?")
+    if kind == 1:
+        x, y, z = _pick(CLASSES, g)
+        return _pick([f"All {x} are {y}. Some {y} are {z}. Does it follow that some {x} are {z}? Explain.",
+                      f"If every one of the {x} is one of the {y}, and no {y} are {z}, can any {x} be {z}? Why?"], g)
+    if kind == 2:
+        day, n = _pick(DAYS, g), _int(3, 400, g)
+        return _pick([f"If today is {day}, what day of the week will it be in {n} days? Show the reasoning.",
+                      f"A meeting happens every {_int(2, 9, g)} days, starting on a {day}. "
+                      f"On which day of the week is meeting number {_int(3, 12, g)}?"], g)
+    if kind == 3:
+        start, step = _int(1, 9, g), _int(2, 7, g)
+        seq = [start + step * i for i in range(5)] if _int(0, 1, g) else [start * step ** i for i in range(5)]
+        return f"What number comes next in the sequence {', '.join(map(str, seq))}? Explain the rule."
+    if kind == 4:
+        r, bl = _int(2, 9, g), _int(2, 9, g)
+        return _pick([f"A bag holds {r} red and {bl} blue marbles. If you draw two without looking, what is the "
+                      "chance that both are red?",
+                      f"{a} rolls two dice. What is the probability that the total is {_int(3, 11, g)}? Explain."], g)
+    return _pick([f"{a} is {b}'s mother and {c} is {a}'s father. How is {c} related to {b}?",
+                  f"{a} always tells the truth and {b} always lies. {b} says \"{a} took the last biscuit\". "
+                  f"Did {a} take it? Explain.",
+                  f"{a}, {b} and {c} each own a different pet: a cat, a dog or a fish. {a} is allergic to fur and "
+                  f"{b} does not own the dog. Who owns which pet?"], g)
+
+
+# (category, weight) of each generation. A prompt set only ever grows by appending, so the
+# feature shards already on disk (64 prompts each, by index) stay valid when it grows: the
+# first generation makes prompts 0 .. FIRST_GENERATION - 1 exactly as it did for releases 1-4,
+# the second everything after, with its own seeded generator.
 CATEGORIES = [("chat", 3), ("writing", 3), ("explanation", 3), ("code", 2), ("math", 2),
               ("factual", 2), ("given_text", 2), ("translation", 1)]
+FIRST_GENERATION = 8192
+CATEGORIES_2 = [("roleplay", 3), ("extraction", 3), ("stem", 3), ("humanities", 3), ("reasoning", 2),
+                ("writing", 1), ("code", 1), ("math", 1), ("given_text", 1)]
 
 
-def build_prompts(n: int, seed: int = 0) -> list[Prompt]:
-    """``n`` distinct prompts, reproducible from ``seed``, eval-overlapping ones removed."""
-    g = torch.Generator().manual_seed(seed)
+def build_prompts(n: int, seed: int = 0, first_generation: int = FIRST_GENERATION) -> list[Prompt]:
+    """``n`` distinct prompts, reproducible from ``seed``, eval-overlapping ones removed.
+
+    ``build_prompts(m)`` is a prefix of ``build_prompts(n)`` for every m < n.
+    """
     passages, functions = stdlib_passages(), stdlib_functions()
     makers = {
         "chat": _chat, "writing": _writing, "explanation": _explain, "math": _math, "factual": _factual,
         "translation": _translate, "code": lambda g: _code(g, functions),
         "given_text": lambda g: _given_text(g, passages),
+        "roleplay": _roleplay, "extraction": lambda g: _extraction(g, passages), "stem": _stem,
+        "humanities": _humanities, "reasoning": _reasoning,
     }
-    weights = torch.tensor([w for _, w in CATEGORIES], dtype=torch.float)
     eval_index = EvalIndex.from_dir(EVAL_DIR)
     seen: set[str] = set()
     out: list[Prompt] = []
-    attempts = 0
-    while len(out) < n:
-        attempts += 1
-        if attempts > 50 * n + 1000:
-            raise RuntimeError(f"could only build {len(out)} distinct prompts of the {n} asked for")
-        cat = CATEGORIES[int(torch.multinomial(weights, 1, generator=g))][0]
-        text = makers[cat](g)
-        key = normalise(text)
-        if key in seen or eval_index.overlaps(text):
-            continue
-        seen.add(key)
-        out.append(Prompt(id=f"p{len(out):06d}", category=cat, text=text))
+    for categories, end, gen_seed in ((CATEGORIES, min(n, first_generation), seed),
+                                      (CATEGORIES_2, n, seed + 1_000_003)):
+        g = torch.Generator().manual_seed(gen_seed)
+        weights = torch.tensor([w for _, w in categories], dtype=torch.float)
+        attempts = 0
+        while len(out) < end:
+            attempts += 1
+            if attempts > 50 * n + 1000:
+                raise RuntimeError(f"could only build {len(out)} distinct prompts of the {n} asked for")
+            cat = categories[int(torch.multinomial(weights, 1, generator=g))][0]
+            text = makers[cat](g)
+            key = normalise(text)
+            if key in seen or eval_index.overlaps(text):
+                continue
+            seen.add(key)
+            out.append(Prompt(id=f"p{len(out):06d}", category=cat, text=text))
     return out
 
 
