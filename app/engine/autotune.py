@@ -58,11 +58,14 @@ import torch
 from app.engine.config import MAX_DEPTH, SamplingConfig, TreeConfig
 
 # Query sizes (tokens per target forward) at which T(n) is measured. 1 is vanilla decoding.
-DEFAULT_SIZES = (1, 8, 16, 24, 32, 48, 64)
+# Dense below 8: on a CPU the best trees have 1-4 nodes and T(n) there is not linear (fp32,
+# 2 cores: n = 1, 2, 3, 4, 6, 8 -> 46, 53, 53, 70, 77, 89 ms), so interpolating between 1 and
+# 8 would misprice exactly the trees that compete.
+DEFAULT_SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)
 # Length of the cached prefix the forwards attend to: a short prompt plus some answer.
 DEFAULT_PREFIX = 256
 # Candidate tree sizes (draft nodes) and depths searched by ``choose_tree``.
-DEFAULT_TOTALS = (1, 2, 4, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 63)
+DEFAULT_TOTALS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 63)
 DEFAULT_DEPTHS = (1, 2, 3, 4, 5, 6, 7)
 
 # Calibration prompts: generic, short, and *not* taken from the evaluation sets.
