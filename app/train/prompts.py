@@ -4,8 +4,11 @@ EAGLE trains its head on the *target's own* answers (self-distillation) to a bro
 turns; the head only has to predict what the target will say, so the prompts matter for their
 variety, not for their answers. Here every prompt is built offline from:
 
-* hand-written topic lists and task templates (chat, writing, explanation, code, math word
-  problems, factual QA, translation), combined by a seeded ``torch.Generator``;
+* hand-written topic lists and task templates, combined by a seeded ``torch.Generator``: a
+  first generation (chat, writing, explanation, code, math word problems, factual QA,
+  translation; prompts 0-8,191) and, appended after it, a second (role-play, extraction from
+  made-up reviews, people and sales records, STEM processes and misconceptions, humanities
+  essays and debates, small reasoning puzzles);
 * passages and functions from the Python standard library's own docstrings and source code
   (PSF licence, shipped with every Python) as the "given text" for summarise / rewrite /
   explain-this-code tasks.
