@@ -66,6 +66,44 @@ def test_tau_counts_accepted_nodes_of_the_smaller_tree():
     assert cal.tau(1, 1)[1] == pytest.approx(1 + (0.9 + 0.5) / 2)
 
 
+def test_top1_chain_follows_the_most_confident_child_from_the_root():
+    # root -> 0 (0.6) / 1 (0.3); 0 -> 2 (0.4) / 3 (0.1); 2 -> 4 (0.2); 3 -> 5 (0.05); 1 -> 6 (0.25)
+    parents = [-1, -1, 0, 0, 2, 3, 1]
+    confidence = [0.6, 0.3, 0.4, 0.1, 0.2, 0.05, 0.25]
+    assert autotune.top1_chain(parents, confidence) == [1, 0, 1, 0, 1, 0, 0]
+    assert autotune.top1_chain([], []) == []
+
+
+def chain_calibration() -> Calibration:
+    """Two steps where the top-1 chain is accepted two levels deep, while the second-best
+    depth-1 sibling is more confident than the chain's depth-2 node and never accepted:
+    node = [depth, confidence, accepted, on the top-1 chain]."""
+    step = [[1, 0.7, 1, 1], [1, 0.55, 0, 0], [2, 0.5, 1, 1], [2, 0.1, 0, 0], [3, 0.2, 0, 1], [3, 0.05, 0, 0]]
+    return Calibration(steps=[step, step], draft_ms=[6.0, 6.0], verify_ms=[70.0, 70.0], step_ms=[78.0, 78.0],
+                       vanilla_step_ms=[46.0], depth=3, top_k=4, total_tokens=6)
+
+
+def test_a_top1_chain_competes_and_wins_where_siblings_are_never_accepted():
+    cal = chain_calibration()
+    assert cal.tau_chain(1) == (pytest.approx(2.0), pytest.approx(1.7))
+    assert cal.tau_chain(2)[0] == pytest.approx(3.0) and cal.tau_chain(3)[0] == pytest.approx(3.0)
+    # EAGLE-2's 2-node tree keeps the two most confident nodes, both at depth 1: tau 2 only
+    assert cal.tau(2, 2)[0] == pytest.approx(2.0)
+    # steep CPU-like costs (T(3) = 53 ms, T(4) = 70 ms): the 2-node chain is the argmax
+    steep = CostCurve(sizes=[1, 2, 3, 4, 6, 8], ms=[46, 50, 53, 70, 77, 89])
+    choice = choose_from(steep, cal)
+    ranked = choice.candidates
+    chains = [c for c in ranked if c.top_k == 1]
+    assert sorted(c.depth for c in chains) == [1, 2, 3] and all(c.total_tokens == c.depth for c in chains)
+    best = ranked[0]
+    assert (best.depth, best.total_tokens, best.top_k) == (2, 2, 1) and best.tau == pytest.approx(3.0)
+    assert best.tokens_per_s > ranked[1].tokens_per_s
+    assert (choice.tree.depth, choice.tree.total_tokens, choice.tree.top_k) == (2, 2, 1)
+    assert choice.to_dict()["candidates"][0]["top_k"] == 1
+    # records without chain flags (an older cache) give the chains no accepted tokens
+    assert big_tree_calibration().tau_chain(3) == (1.0, 1.0)
+
+
 def test_choose_from_uses_measured_parts():
     cal = big_tree_calibration()
     choice = choose_from(CPU, cal)

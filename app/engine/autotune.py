@@ -34,6 +34,10 @@ the argmax. Its three ingredients are all measured, none assumed:
   path in it is the large tree's accepted path cut where it leaves the smaller tree. So
   tau(d, N) = 1 + mean over steps of |accepted ∩ top-N(levels <= d)|, measured, not modelled.
   (EAGLE-2's own estimate, the sum of the kept nodes' confidences, is reported beside it.)
+  The top-1 chain of each depth (a ``top_k = 1`` tree: the root's most confident child, then
+  its most confident child, ...) is read off the same record and competes beside the
+  (d, N) grid: with two or three nodes, a chain reaching depth 2-3 can beat the dynamic
+  tree, whose few nodes go to confident siblings at depth 1.
 * T_draft(d), r and T_other: from the same calibration run's step timings. Draft time grows
   about linearly with depth (one head forward + one LM-head call per level); r is the
   engine's per-row verify work beyond the bare forward (softmax of each row's logits,
@@ -251,7 +255,9 @@ def forward_cost_curve(target, sizes=DEFAULT_SIZES, refresh: bool = False, **kw)
 @dataclass
 class Calibration:
     """What one calibration run measured. ``steps`` holds, per step of the large tree, each
-    node as [depth, confidence, accepted (0/1)] in the engine's node order."""
+    node as [depth, confidence, accepted (0/1), on the top-1 chain (0/1)] in the engine's node
+    order. The top-1 chain is what a ``top_k = 1`` tree of that depth would draft: from the
+    root, each level's most confident child of the previous chain node."""
 
     steps: list[list[list[float]]]
     draft_ms: list[float]          # per step, drafting the large tree (depth = ``depth``)
@@ -279,6 +285,34 @@ class Calibration:
             acc += sum(nodes[i][2] for i in kept)
             conf += sum(nodes[i][1] for i in kept)
         return 1.0 + acc / len(self.steps), 1.0 + conf / len(self.steps)
+
+    def tau_chain(self, depth: int) -> tuple[float, float]:
+        """(measured, confidence-estimated) tokens per step for the top-1 chain of ``depth``
+        nodes (a ``top_k = 1`` tree), read from the chain nodes of the large tree. A chain
+        node the large tree did not keep ends the chain there, so this errs low."""
+        if not self.steps:
+            return 1.0, 1.0
+        acc = conf = 0.0
+        for nodes in self.steps:
+            chain = [n for n in nodes if len(n) > 3 and n[3] and n[0] <= depth]
+            acc += sum(n[2] for n in chain)
+            conf += sum(n[1] for n in chain)
+        return 1.0 + acc / len(self.steps), 1.0 + conf / len(self.steps)
+
+
+def top1_chain(parents: list[int], confidence: list[float]) -> list[int]:
+    """0/1 per node: is it on the top-1 chain (the root's most confident child, then that
+    node's most confident child, and so on)? Node order is the engine's (parents first)."""
+    on = [0] * len(parents)
+    best_child: dict[int, int] = {}                      # parent (-1 = root) -> its most confident child
+    for i, (p, c) in enumerate(zip(parents, confidence)):
+        if p not in best_child or c > confidence[best_child[p]]:
+            best_child[p] = i
+    node = best_child.get(-1)
+    while node is not None:
+        on[node] = 1
+        node = best_child.get(node)
+    return on
 
 
 def head_fingerprint(head) -> str:
@@ -315,8 +349,9 @@ def calibrate(engine, prompts=CALIBRATION_PROMPTS[:2], depth: int = 6, top_k: in
             if event.step == 0:
                 continue  # the first step also reads the whole prompt into the head: not typical
             tree = event.tree
-            steps.append([[d, c, 1 if s == "accepted" else 0]
-                          for d, c, s in zip(tree.depths, tree.confidence, tree.status)])
+            chain = top1_chain(tree.parents, tree.confidence)
+            steps.append([[d, c, 1 if s == "accepted" else 0, k]
+                          for d, c, s, k in zip(tree.depths, tree.confidence, tree.status, chain)])
             draft_ms.append(event.draft_ms)
             verify_ms.append(event.verify_ms)
             step_ms.append(event.step_ms)
@@ -338,7 +373,7 @@ def calibration_cache_path(key: dict) -> Path:
 
 def cached_calibration(engine, refresh: bool = False, **kw) -> Calibration:
     """``calibrate`` once per (target cost key, head weights, settings); later calls read JSON."""
-    key = dict(cost_cache_key(engine.target), head=head_fingerprint(engine.head),
+    key = dict(cost_cache_key(engine.target), head=head_fingerprint(engine.head), records="chain",
                **{k: (list(v) if isinstance(v, tuple) else v) for k, v in sorted(kw.items())})
     path = calibration_cache_path(key)
     if not refresh:
@@ -369,6 +404,7 @@ class Candidate:
     draft_ms: float            # T_draft(depth)
     other_ms: float
     tokens_per_s: float        # tau / (verify + draft + other)
+    top_k: int | None = None   # 1 for a top-1 chain; None = the calibration's top_k
 
 
 def predict(cost: CostCurve, tau: float, depth: int, total_tokens: int, draft_ms_per_level: float,
@@ -381,12 +417,16 @@ def predict(cost: CostCurve, tau: float, depth: int, total_tokens: int, draft_ms
 
 
 def rank_candidates(cost: CostCurve, tau_of, draft_ms_per_level: float, other_ms: float,
-                    depths=DEFAULT_DEPTHS, totals=DEFAULT_TOTALS, verify_ms_per_row: float = 0.0) -> list[Candidate]:
+                    depths=DEFAULT_DEPTHS, totals=DEFAULT_TOTALS, verify_ms_per_row: float = 0.0,
+                    tau_chain_of=None) -> list[Candidate]:
     """Every (depth, total_tokens) in the grid with its predicted tokens/s, best first.
 
     ``tau_of(depth, total) -> (tau, tau_confidence)``. Trees with fewer nodes than levels
-    are skipped (a depth-d tree needs at least d nodes to reach depth d). Ties go to the
-    smaller tree (cheaper in memory, and the prediction's noise favours no one).
+    are skipped (a depth-d tree needs at least d nodes to reach depth d). With
+    ``tau_chain_of(depth)``, the top-1 chain of every depth (``top_k = 1``) competes too:
+    with the same node count a chain reaches deeper than the dynamic tree's siblings, which
+    wins where a few nodes are all the hardware affords. Ties go to the smaller tree
+    (cheaper in memory, and the prediction's noise favours no one).
     """
     out = []
     for d in depths:
@@ -397,6 +437,11 @@ def rank_candidates(cost: CostCurve, tau_of, draft_ms_per_level: float, other_ms
             verify, draft, tps = predict(cost, tau, d, t, draft_ms_per_level, other_ms, verify_ms_per_row)
             out.append(Candidate(depth=d, total_tokens=t, tau=tau, tau_confidence=tau_c, verify_ms=verify,
                                  draft_ms=draft, other_ms=other_ms, tokens_per_s=tps))
+        if tau_chain_of is not None:
+            tau, tau_c = tau_chain_of(d)
+            verify, draft, tps = predict(cost, tau, d, d, draft_ms_per_level, other_ms, verify_ms_per_row)
+            out.append(Candidate(depth=d, total_tokens=d, tau=tau, tau_confidence=tau_c, verify_ms=verify,
+                                 draft_ms=draft, other_ms=other_ms, tokens_per_s=tps, top_k=1))
     out.sort(key=lambda c: (-c.tokens_per_s, c.total_tokens, c.depth))
     return out
 
@@ -462,10 +507,12 @@ def choose_from(cost: CostCurve, cal: Calibration, base: TreeConfig = TreeConfig
     per_row = max(0.0, _mean(cal.verify_ms) - cost(rows)) / rows
     # Everything else in a step (KV commit, the step record): a constant.
     other = max(0.0, _mean(cal.step_ms) - _mean(cal.draft_ms) - _mean(cal.verify_ms))
-    ranked = rank_candidates(cost, cal.tau, draft_per_level, other, depths, totals, per_row)
+    ranked = rank_candidates(cost, cal.tau, draft_per_level, other, depths, totals, per_row,
+                             tau_chain_of=cal.tau_chain)
     best = ranked[0]
     vanilla_ms = _mean(cal.vanilla_step_ms) or cost(1)
-    tree = replace(base, method="dynamic", depth=best.depth, total_tokens=best.total_tokens, top_k=cal.top_k)
+    tree = replace(base, method="dynamic", depth=best.depth, total_tokens=best.total_tokens,
+                   top_k=best.top_k or cal.top_k)
     return TreeChoice(tree=tree, predicted_tokens_per_s=best.tokens_per_s,
                       predicted_vanilla_tokens_per_s=1000.0 / vanilla_ms, cost_curve=cost,
                       draft_ms_per_level=draft_per_level, other_ms=other, verify_ms_per_row=per_row,
