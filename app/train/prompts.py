@@ -391,6 +391,8 @@ def _synthetic_text(g) -> tuple[str, str]:
     if kind == 0:
         lines = []
         for i in range(k):
+            # "The <product>": the product's first word (its article, or for "wireless headphones"
+            # an adjective) is dropped; kept as is because shards 128+ were answered with it
             good = _int(0, 1, g)
             lines.append(f"Review {i + 1} ({_pick(NAMES, g)}): The {_pick(PRODUCTS, g).split(' ', 1)[-1]} "
                          f"{_pick(PRAISES if good else FAULTS, g)}, and it {_pick(FAULTS if good else PRAISES, g)}.")
