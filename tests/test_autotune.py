@@ -188,3 +188,41 @@ def test_choose_tree_end_to_end_on_a_tiny_model(tmp_path, monkeypatch):
         autotune.choose_tree(engine, method="chain")
     with pytest.raises(ValueError, match="head"):
         autotune.choose_tree(Engine(target, None))
+
+
+def test_calibration_prompts_are_neither_eval_nor_training_prompts():
+    """tau is measured on the built-in prompts, so they must not be questions the benchmark
+    asks (the auto tree would be tuned on the test) nor prompts the head was trained on
+    (acceptance there is optimistic): no exact match, no near-duplicate of either."""
+    from app.train.prompts import Prompt, build_prompts, ngrams, normalise
+    from tests.test_train import _assert_disjoint_from_eval, _jaccard
+
+    calib = [Prompt(id=str(i), category="calibration", text=t) for i, t in enumerate(autotune.CALIBRATION_PROMPTS)]
+    assert len(calib) >= 8                     # several kinds of request, not one or two
+    _assert_disjoint_from_eval(calib)
+    training = build_prompts(12288, seed=0)    # the shipped head's prompt set
+    texts = {normalise(p.text) for p in training}
+    grams = [ngrams(p.text) for p in training]
+    for c in calib:
+        assert normalise(c.text) not in texts, c.text
+        cg = ngrams(c.text)
+        assert max(_jaccard(cg, g) for g in grams) < 0.5, c.text
+
+
+def test_calibration_cache_key_holds_the_default_settings(tmp_path, monkeypatch):
+    """A change of calibrate()'s defaults (prompts, lengths) must not reuse old records."""
+    from app.engine.engine import Engine
+    from tests.tiny import tiny_target, trained_head
+
+    monkeypatch.setenv("EAGLE_LENS_CACHE", str(tmp_path))
+    monkeypatch.setattr(autotune, "_load_average", lambda: 0.3)
+    target = tiny_target()
+    engine = Engine(target, trained_head(target, steps=10))
+    small = {"depth": 2, "top_k": 2, "total_tokens": 4, "max_new_tokens": 6, "vanilla_tokens": 2}
+    rest = autotune.calibrate.__defaults__[1:]
+    for prompts in (("w5 w6",), ("w7 w8",)):                  # the built-in prompts change
+        monkeypatch.setattr(autotune.calibrate, "__defaults__", (prompts,) + rest)
+        autotune.cached_calibration(engine, **small)
+    keys = [json.loads(p.read_text())["key"] for p in (tmp_path / "autotune").glob("calib-*.json")]
+    assert sorted(k["prompts"] for k in keys) == [["w5 w6"], ["w7 w8"]]   # recalibrated, not reused
+    assert all(k["max_new_tokens"] == 6 and k["vanilla_tokens"] == 2 for k in keys)

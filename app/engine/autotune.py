@@ -50,6 +50,7 @@ show why it picked what it picked.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import platform
@@ -72,11 +73,25 @@ DEFAULT_PREFIX = 256
 DEFAULT_TOTALS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 63)
 DEFAULT_DEPTHS = (1, 2, 3, 4, 5, 6, 7)
 
-# Calibration prompts: generic, short, and *not* taken from the evaluation sets.
+# Calibration prompts: written for this file, *not* taken from the evaluation sets or the
+# head's training prompts (tests check both), one per kind of request a chat model meets
+# (the mt_bench categories: STEM, coding, writing, role-play, reasoning, math, extraction,
+# humanities, plus everyday advice). Acceptance differs a lot between kinds — lists and
+# arithmetic are easy to draft, free prose is hard — so a calibration on one or two kinds
+# ranks trees that are a few percent apart by accident: on two prompts (27 steps) it put a
+# 2-node depth-1 tree above the 2-node chain that won on mt_bench by 7%.
 CALIBRATION_PROMPTS = (
     "Explain how a bicycle stays upright while it is moving.",
     "Write a short Python function that returns the n-th Fibonacci number, with a docstring.",
     "Give three tips for writing a clear email to a colleague.",
+    "Write an upbeat paragraph for a neighbourhood newsletter announcing that a community garden opens next month.",
+    "You are a lighthouse keeper in 1890. Describe your evening routine to a visiting reporter.",
+    "Three boxes, red, green and blue, stand in a row. Green is left of blue and red is in the middle. "
+    "Which box is on the left? Explain step by step.",
+    "A train covers 180 km in 2.5 hours. What is its average speed, and how far does it go in 4 hours at that speed?",
+    "List each person and the city they live in as JSON: Mara moved to Lisbon last spring, her brother Tom "
+    "still lives in Leeds, and their friend Ana splits her time between Porto and Madrid.",
+    "Give three reasons why the printing press changed how ideas spread in Europe.",
 )
 
 
@@ -328,12 +343,12 @@ def _mean(xs) -> float:
     return sum(xs) / len(xs) if xs else 0.0
 
 
-def calibrate(engine, prompts=CALIBRATION_PROMPTS[:2], depth: int = 6, top_k: int = 8, total_tokens: int = 64,
-              max_new_tokens: int = 40, vanilla_tokens: int = 12) -> Calibration:
+def calibrate(engine, prompts=CALIBRATION_PROMPTS, depth: int = 6, top_k: int = 8, total_tokens: int = 64,
+              max_new_tokens: int = 32, vanilla_tokens: int = 12) -> Calibration:
     """Decode ``prompts`` greedily with one large dynamic tree and record every node's fate.
 
     Costs about len(prompts) * max_new_tokens / tau steps of a ``total_tokens``-node tree
-    (~20-30 s on a 2-core CPU with a trained head). A short vanilla run times the one-token
+    (~100 steps, ~30 s on a 2-core CPU with a trained head). A short vanilla run times the one-token
     step with the same code. For depth == ``depth`` the recorded tree is exactly the top
     ``total_tokens`` candidates, so tau is exact for every N <= total_tokens; for shallower
     trees a node below the recorded top ``total_tokens`` is missed, which only matters for
@@ -373,8 +388,13 @@ def calibration_cache_path(key: dict) -> Path:
 
 def cached_calibration(engine, refresh: bool = False, **kw) -> Calibration:
     """``calibrate`` once per (target cost key, head weights, settings); later calls read JSON."""
+    # the key holds every setting calibrate() will use, defaults included, so a change of the
+    # built-in prompts or lengths invalidates old records instead of silently reusing them
+    settings = {name: param.default for name, param in inspect.signature(calibrate).parameters.items()
+                if param.default is not inspect.Parameter.empty}
+    settings.update(kw)
     key = dict(cost_cache_key(engine.target), head=head_fingerprint(engine.head), records="chain",
-               **{k: (list(v) if isinstance(v, tuple) else v) for k, v in sorted(kw.items())})
+               **{k: (list(v) if isinstance(v, tuple) else v) for k, v in sorted(settings.items())})
     path = calibration_cache_path(key)
     if not refresh:
         try:
