@@ -46,6 +46,8 @@ def test_random_head_is_still_lossless(tiny_models):
 
 @pytest.mark.parametrize("cfg", [
     dict(depth=1, top_k=1, total_tokens=1),
+    dict(depth=1, top_k=8, total_tokens=2),       # the 2-3 row trees whose LM head runs on every row
+    dict(depth=2, top_k=1, total_tokens=2),
     dict(depth=6, top_k=2, total_tokens=64),
     dict(depth=3, top_k=8, total_tokens=5, min_confidence=0.2),
     dict(method="threshold", tau_high=0.9, tau_low=0.3),
@@ -129,3 +131,31 @@ def _tiny_pair():
 
     t = tiny_target(0, eos=None)
     return t, random_head(t)
+
+
+@pytest.mark.parametrize("cfg", [dict(depth=1, top_k=8, total_tokens=2), dict(depth=2, top_k=1, total_tokens=2),
+                                 dict(depth=4, top_k=4, total_tokens=12)])
+def test_recorded_p_is_the_targets_probability(tiny, cfg):
+    """Each node's recorded p is the target's softmax probability of its token after its
+    parent, checked against a plain forward over the committed text + the node's ancestors.
+    Small trees run the LM head on every row in one batch, larger ones on the parents only:
+    both must give the same p."""
+    target, head = tiny
+    prompt = PROMPTS[1]
+    steps, _ = run(Engine(target, head), prompt, TreeConfig(**cfg), n=24)
+    committed = list(prompt)
+    checked = 0
+    for s in steps:
+        t = s.tree
+        for i, par in enumerate(t.parents):
+            path = []
+            node = par
+            while node != -1:
+                path.insert(0, t.tokens[node])
+                node = t.parents[node]
+            with torch.no_grad():
+                logits = target.model(torch.tensor([committed + path])).logits[0, -1]
+            assert t.p[i] == pytest.approx(torch.softmax(logits.float(), -1)[t.tokens[i]].item(), abs=1e-5)
+            checked += 1
+        committed += s.new_tokens
+    assert checked > len(steps)

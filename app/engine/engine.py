@@ -40,6 +40,13 @@ from app.engine.loading import Target
 from app.engine.tree import ROOT, DraftTree, grow_tree, proposals_needed, tree_attention_mask
 
 
+# Verify rows up to which the target's LM head runs over every row in one call (see _step).
+# Measured on this 2-core CPU (fp32 SmolLM2, V = 49,152, H = 576, 2 threads, best of 7):
+# one call over 1 / 2 / 3 / 4 rows 5.4 / 5.5 / 6.6 / 10.9 ms, two 1-row calls 10.9 ms. So for
+# the 1-2 node trees that are fastest here, one batch beats "parents first, leaf on demand".
+LM_HEAD_ALL_ROWS_UP_TO = 3
+
+
 @dataclass
 class _Run:
     """Everything one generation owns (never stored on the model, so runs cannot leak)."""
@@ -181,12 +188,18 @@ class Engine:
         hidden = self.body(input_ids=ids, attention_mask=mask, position_ids=positions,
                            cache=run.target_cache, use_cache=True).last_hidden_state  # (1, N+1, H)
 
-        # The LM head runs only on rows verification can visit: the root and every node with
-        # children, in one batch, plus the accepted leaf (for its bonus) on demand. Leaves
-        # are about half of a tree, and each row costs a (V, H) matmul.
-        parent_rows = sorted({0} | {par + 1 for par in tree.parents})
-        batch = self.lm_head(hidden[0, parent_rows])                                   # (R, V)
-        logits = verify.LazyRows(lambda r: self.lm_head(hidden[0, r]), dict(zip(parent_rows, batch)))
+        # lm_rows: where the LM head runs, in one batch. Normally only rows verification can
+        # visit: the root and every node with children, plus the accepted leaf (for its bonus)
+        # on demand. Leaves are about half of a tree, and each row costs a (V, H) matmul. A
+        # small tree is the exception: for a few rows the matmul is bound by reading the
+        # (V, H) weight, so a second call for the leaf would read all V·H weights again (fp32
+        # SmolLM2: 113 MB, ~5 ms) where one batch over every row costs about one call.
+        if len(tree) + 1 <= LM_HEAD_ALL_ROWS_UP_TO:
+            lm_rows = list(range(len(tree) + 1))
+        else:
+            lm_rows = sorted({0} | {par + 1 for par in tree.parents})
+        batch = self.lm_head(hidden[0, lm_rows])                                       # (R, V)
+        logits = verify.LazyRows(lambda r: self.lm_head(hidden[0, r]), dict(zip(lm_rows, batch)))
         p = verify.LazyRows(lambda r: verify.logits_to_probs(logits[r], sampling))
         children = tree.children()
         if sampling.greedy:
@@ -214,7 +227,7 @@ class Engine:
 
         full = self.decode(generated + new_tokens)   # decoding the whole answer keeps multi-token characters intact
         text, run.text = full[len(run.text):], full
-        record = self._tree_record(root, tree, path, parent_rows, batch, sampling) if tree_cfg.uses_draft else None
+        record = self._tree_record(root, tree, path, lm_rows, batch, sampling) if tree_cfg.uses_draft else None
         sync()
         t3 = time.perf_counter()
         return StepEvent(step=index, method=tree_cfg.method, tree=record, accepted=accepted[: len(new_tokens)],
@@ -294,7 +307,7 @@ class Engine:
         logits = feats @ self.draft_lm_weight.T
         return logits + self.draft_lm_bias if self.draft_lm_bias is not None else logits
 
-    def _tree_record(self, root: int, tree: DraftTree, path: list[int], parent_rows: list[int],
+    def _tree_record(self, root: int, tree: DraftTree, path: list[int], lm_rows: list[int],
                      parent_logits: torch.Tensor, sampling: SamplingConfig) -> DraftTreeRecord:
         """The step's tree for consumers: statuses, texts, and p of every node, the target's
         probability of the node's token given its parent (the shaped distribution when
@@ -309,7 +322,7 @@ class Engine:
             status[i] = "accepted"
         p_nodes: list[float] = []
         if len(tree):
-            where = {row: j for j, row in enumerate(parent_rows)}
+            where = {row: j for j, row in enumerate(lm_rows)}
             rows = torch.tensor([where[par + 1] for par in tree.parents], device=parent_logits.device)
             cols = torch.tensor(tree.tokens, device=parent_logits.device)
             if sampling.greedy:
