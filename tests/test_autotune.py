@@ -219,9 +219,8 @@ def test_calibration_cache_key_holds_the_default_settings(tmp_path, monkeypatch)
     target = tiny_target()
     engine = Engine(target, trained_head(target, steps=10))
     small = {"depth": 2, "top_k": 2, "total_tokens": 4, "max_new_tokens": 6, "vanilla_tokens": 2}
-    rest = autotune.calibrate.__defaults__[1:]
     for prompts in (("w5 w6",), ("w7 w8",)):                  # the built-in prompts change
-        monkeypatch.setattr(autotune.calibrate, "__defaults__", (prompts,) + rest)
+        monkeypatch.setitem(autotune.CALIBRATION_SETTINGS, "prompts", prompts)
         autotune.cached_calibration(engine, **small)
     keys = [json.loads(p.read_text())["key"] for p in (tmp_path / "autotune").glob("calib-*.json")]
     assert sorted(k["prompts"] for k in keys) == [["w5 w6"], ["w7 w8"]]   # recalibrated, not reused

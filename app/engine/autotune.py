@@ -50,7 +50,6 @@ show why it picked what it picked.
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import os
 import platform
@@ -343,8 +342,16 @@ def _mean(xs) -> float:
     return sum(xs) / len(xs) if xs else 0.0
 
 
-def calibrate(engine, prompts=CALIBRATION_PROMPTS, depth: int = 6, top_k: int = 8, total_tokens: int = 64,
-              max_new_tokens: int = 32, vanilla_tokens: int = 12) -> Calibration:
+# calibrate()'s defaults in one place: cached_calibration keys its cache on all of them, so a
+# change here (new prompts, other lengths) recalibrates instead of reusing old records.
+CALIBRATION_SETTINGS = {"prompts": CALIBRATION_PROMPTS, "depth": 6, "top_k": 8, "total_tokens": 64,
+                        "max_new_tokens": 32, "vanilla_tokens": 12}
+
+
+def calibrate(engine, prompts=CALIBRATION_SETTINGS["prompts"], depth: int = CALIBRATION_SETTINGS["depth"],
+              top_k: int = CALIBRATION_SETTINGS["top_k"], total_tokens: int = CALIBRATION_SETTINGS["total_tokens"],
+              max_new_tokens: int = CALIBRATION_SETTINGS["max_new_tokens"],
+              vanilla_tokens: int = CALIBRATION_SETTINGS["vanilla_tokens"]) -> Calibration:
     """Decode ``prompts`` greedily with one large dynamic tree and record every node's fate.
 
     Costs about len(prompts) * max_new_tokens / tau steps of a ``total_tokens``-node tree
@@ -388,11 +395,9 @@ def calibration_cache_path(key: dict) -> Path:
 
 def cached_calibration(engine, refresh: bool = False, **kw) -> Calibration:
     """``calibrate`` once per (target cost key, head weights, settings); later calls read JSON."""
-    # the key holds every setting calibrate() will use, defaults included, so a change of the
-    # built-in prompts or lengths invalidates old records instead of silently reusing them
-    settings = {name: param.default for name, param in inspect.signature(calibrate).parameters.items()
-                if param.default is not inspect.Parameter.empty}
-    settings.update(kw)
+    # the key holds every setting calibrate() is called with, defaults included, so a change of
+    # the built-in prompts or lengths invalidates old records instead of silently reusing them
+    settings = {**CALIBRATION_SETTINGS, **kw}
     key = dict(cost_cache_key(engine.target), head=head_fingerprint(engine.head), records="chain",
                **{k: (list(v) if isinstance(v, tuple) else v) for k, v in sorted(settings.items())})
     path = calibration_cache_path(key)
@@ -403,7 +408,7 @@ def cached_calibration(engine, refresh: bool = False, **kw) -> Calibration:
                 return Calibration(**data)
         except (OSError, ValueError, TypeError):
             pass
-    cal = calibrate(engine, **kw)
+    cal = calibrate(engine, **settings)
     cal.key, cal.load = key, _load_average()   # its step timings are as trustworthy as this load
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
