@@ -308,7 +308,7 @@ class Engine:
         return logits + self.draft_lm_bias if self.draft_lm_bias is not None else logits
 
     def _tree_record(self, root: int, tree: DraftTree, path: list[int], lm_rows: list[int],
-                     parent_logits: torch.Tensor, sampling: SamplingConfig) -> DraftTreeRecord:
+                     row_logits: torch.Tensor, sampling: SamplingConfig) -> DraftTreeRecord:
         """The step's tree for consumers: statuses, texts, and p of every node, the target's
         probability of the node's token given its parent (the shaped distribution when
         sampling; plain softmax when greedy, computed as exp(logit - logsumexp) so no
@@ -323,13 +323,13 @@ class Engine:
         p_nodes: list[float] = []
         if len(tree):
             where = {row: j for j, row in enumerate(lm_rows)}
-            rows = torch.tensor([where[par + 1] for par in tree.parents], device=parent_logits.device)
-            cols = torch.tensor(tree.tokens, device=parent_logits.device)
+            rows = torch.tensor([where[par + 1] for par in tree.parents], device=row_logits.device)
+            cols = torch.tensor(tree.tokens, device=row_logits.device)
             if sampling.greedy:
-                lse = torch.logsumexp(parent_logits.float(), dim=-1)                      # (R,)
-                p_nodes = torch.exp(parent_logits[rows, cols].float() - lse[rows]).tolist()
+                lse = torch.logsumexp(row_logits.float(), dim=-1)                      # (R,)
+                p_nodes = torch.exp(row_logits[rows, cols].float() - lse[rows]).tolist()
             else:
-                p_nodes = verify.logits_to_probs(parent_logits, sampling)[rows, cols].tolist()
+                p_nodes = verify.logits_to_probs(row_logits, sampling)[rows, cols].tolist()
         texts = self.target.tokenizer.batch_decode([[t] for t in tree.tokens]) if len(tree) else []
         return DraftTreeRecord(root_token=root, tokens=list(tree.tokens), texts=texts,
                                parents=list(tree.parents), depths=list(tree.depths), q=list(tree.q),
