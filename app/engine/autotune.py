@@ -455,19 +455,19 @@ def rank_candidates(cost: CostCurve, tau_of, draft_ms_per_level: float, other_ms
     (cheaper in memory, and the prediction's noise favours no one).
     """
     out = []
+
+    def add(d: int, t: int, taus: tuple[float, float], top_k: int | None = None) -> None:
+        tau, tau_c = taus
+        verify, draft, tps = predict(cost, tau, d, t, draft_ms_per_level, other_ms, verify_ms_per_row)
+        out.append(Candidate(depth=d, total_tokens=t, tau=tau, tau_confidence=tau_c, verify_ms=verify,
+                             draft_ms=draft, other_ms=other_ms, tokens_per_s=tps, top_k=top_k))
+
     for d in depths:
         for t in totals:
-            if t < d:
-                continue
-            tau, tau_c = tau_of(d, t)
-            verify, draft, tps = predict(cost, tau, d, t, draft_ms_per_level, other_ms, verify_ms_per_row)
-            out.append(Candidate(depth=d, total_tokens=t, tau=tau, tau_confidence=tau_c, verify_ms=verify,
-                                 draft_ms=draft, other_ms=other_ms, tokens_per_s=tps))
+            if t >= d:
+                add(d, t, tau_of(d, t))
         if tau_chain_of is not None:
-            tau, tau_c = tau_chain_of(d)
-            verify, draft, tps = predict(cost, tau, d, d, draft_ms_per_level, other_ms, verify_ms_per_row)
-            out.append(Candidate(depth=d, total_tokens=d, tau=tau, tau_confidence=tau_c, verify_ms=verify,
-                                 draft_ms=draft, other_ms=other_ms, tokens_per_s=tps, top_k=1))
+            add(d, d, tau_chain_of(d), top_k=1)   # a chain of depth d has exactly d nodes
     out.sort(key=lambda c: (-c.tokens_per_s, c.total_tokens, c.depth))
     return out
 
