@@ -310,3 +310,65 @@ def test_eval_halves_pool_to_the_whole_set(tiny, tmp_path):
         files.append(tmp_path / f"part{i}.json")
         files[-1].write_text(json.dumps({"mt_bench": {**part, "tree": "t", "temperature": 0.0, "max_new_tokens": 16}}))
     assert pool_files([str(f) for f in files])["mt_bench"]["tau"] == whole["tau"]
+
+
+# --- the draft vocabulary in the loss ------------------------------------------------------
+
+def test_subset_lm_head_loss_is_the_full_loss_restricted_to_the_draft_tokens(tiny_data):
+    """With ``SubsetLMHead`` the distribution term compares p and q renormalised over the
+    draft tokens: the same numbers as full-vocabulary logits sliced to those tokens."""
+    from app.train.trainer import SubsetLMHead
+
+    target, data = tiny_data
+    head = _head(target, seed=1)
+    lm_head, emb = target.model.get_output_embeddings(), target.model.get_input_embeddings()
+    ids = torch.arange(3, target.model.config.vocab_size, 3)                   # (Vd,) every third token
+    batch = data.collate(list(range(4)))
+    cfg = LossConfig(noise=0.0, kl_fraction=1.0, ttt_steps=2)
+    with torch.no_grad():
+        loss, stats = head_loss(head, SubsetLMHead(lm_head, ids), emb, batch, cfg, data.feature_std)
+        sliced = lambda x: lm_head(x)[..., ids]                                # noqa: E731
+        ref_loss, ref = head_loss(head, sliced, emb, batch, cfg, data.feature_std)
+        _, full = head_loss(head, lm_head, emb, batch, cfg, data.feature_std)
+    assert SubsetLMHead(lm_head, ids).weight.shape == (ids.numel(), lm_head.weight.shape[1])
+    torch.testing.assert_close(loss, ref_loss)
+    for key in ("kl1", "kl2", "acc1", "acc2", "reg1"):
+        assert stats[key] == pytest.approx(ref[key], rel=1e-4, abs=1e-5), key
+    assert stats["kl1"] != pytest.approx(full["kl1"], rel=1e-3)   # the full vocabulary is another loss
+
+
+def test_training_stage_trains_on_and_ships_a_draft_vocabulary_from_the_training_shards(tmp_path, monkeypatch):
+    """``--loss-vocab draft``: the run builds the vocabulary from its training shards only
+    (the held-out one excluded, EOS kept), trains over it, writes it beside the head where
+    the engine loads it, and refuses to resume the checkpoint with another vocabulary."""
+    import argparse
+    import json
+
+    from app.engine import loading
+    from app.train.draft_vocab import build
+    from app.train.trainer import run_training
+
+    target = tiny_target(seed=5)
+    monkeypatch.setattr(loading, "load_target", lambda *a, **k: target)
+    for shard in range(2):
+        _tiny_shard(target, shard, n=6, new_tokens=24).save(tmp_path / "features" / f"shard_{shard:05d}.safetensors")
+    args = argparse.Namespace(
+        base_model=None, run_name="dv", holdout=["shard_00001.safetensors"], val_batches=1, seed=0,
+        init_from=None, w_reg=1.0, w_kl=0.1, noise=0.05, ttt_steps=1, fp32_lm_head=False, kl_fraction=1.0,
+        epochs=3, batch_tokens=256, lr=3e-3, weight_decay=0.0, warmup_steps=2, clip=0.5,
+        checkpoint_every=100, train_minutes=None, loss_vocab="draft", draft_vocab_size=40)
+    out = tmp_path / "head"
+    state = run_training(args, tmp_path, out)
+    assert state["step"] > 0
+    shipped = json.loads((out / "draft_vocab.json").read_text())
+    expected = build([tmp_path / "features" / "shard_00000.safetensors"], 40, always=tuple(sorted(target.eos_ids)))
+    assert shipped["token_ids"] == expected["token_ids"] and len(shipped["token_ids"]) == 40
+    assert set(target.eos_ids) <= set(shipped["token_ids"])
+    vocab = loading.load_draft_vocab(out, target.model.config.vocab_size)
+    assert vocab.tolist() == sorted(shipped["token_ids"])
+    summary = json.loads((tmp_path / "runs" / "dv" / "summary.json").read_text())
+    assert summary["loss_vocab"]["size"] == 40 and "acc1" in summary["validation"]
+
+    (tmp_path / "runs" / "dv" / "draft_vocab.json").write_text(json.dumps({**shipped, "token_ids": list(range(40))}))
+    with pytest.raises(ValueError, match="another draft vocabulary"):
+        run_training(argparse.Namespace(**{**vars(args), "epochs": 6}), tmp_path, out)

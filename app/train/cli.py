@@ -61,6 +61,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="training-time-test unroll: 1 = plain EAGLE-1, k = also train on k-1 own predictions")
     p.add_argument("--kl-fraction", type=float, default=1.0,
                    help="share of positions (random) that get the soft cross-entropy; the rest only regression")
+    p.add_argument("--loss-vocab", choices=["draft", "full"], default="draft",
+                   help="'draft' (default): the loss's distributions, and the head's draft_vocab.json, over the "
+                        "--draft-vocab-size most frequent response tokens (the engine drafts only from those; "
+                        "each step ~2x faster for SmolLM2); 'full': the whole vocabulary")
+    p.add_argument("--draft-vocab-size", type=int, default=8192, help="tokens in the draft vocabulary")
     p.add_argument("--fp32-lm-head", action="store_true",
                    help="LM-head matmuls of the loss in float32 (default: bf16 autocast, faster on CPU)")
     p.add_argument("--train-minutes", type=float, default=None,

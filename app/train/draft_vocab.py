@@ -23,10 +23,13 @@ from safetensors import safe_open
 from app.engine.loading import DRAFT_VOCAB_FILE
 
 
-def count_response_tokens(work_dir: Path) -> Counter:
-    """Token counts over the response part of every stored conversation."""
+def count_response_tokens(source: Path | list[Path]) -> Counter:
+    """Token counts over the response part of every stored conversation: of every shard
+    under ``source``/features, or of the given shard files."""
     counts: Counter = Counter()
-    for path in sorted((Path(work_dir) / "features").glob("shard_*.safetensors")):
+    paths = sorted((Path(source) / "features").glob("shard_*.safetensors")) \
+        if isinstance(source, (str, Path)) else list(source)
+    for path in paths:
         with safe_open(str(path), "pt") as f:
             tokens = f.get_tensor("tokens").tolist()
             offsets = f.get_tensor("offsets").tolist()
@@ -36,10 +39,12 @@ def count_response_tokens(work_dir: Path) -> Counter:
     return counts
 
 
-def build(work_dir: Path, size: int, always: tuple[int, ...] = ()) -> dict:
-    counts = count_response_tokens(work_dir)
+def build(source: Path | list[Path], size: int, always: tuple[int, ...] = ()) -> dict:
+    """The ``size`` most frequent response tokens (plus ``always``) of a work dir's shards or
+    of a list of shard files, with the share of response tokens they cover."""
+    counts = count_response_tokens(source)
     if not counts:
-        raise ValueError(f"no feature shards with responses under {work_dir}/features")
+        raise ValueError(f"no feature shards with responses in {source}")
     chosen = [t for t, _ in counts.most_common(size)]
     for t in always:                      # e.g. EOS: the head must be able to propose the end
         if t not in chosen:

@@ -116,6 +116,27 @@ def _lm_precision(cfg: "LossConfig"):
     return torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.lm_head_bf16)
 
 
+class SubsetLMHead(torch.nn.Module):
+    """The target's frozen LM head restricted to a draft vocabulary: (..., H) -> (..., Vd)
+    logits over the token ids ``ids`` only.
+
+    The engine drafts only from the head's reduced vocabulary (``draft_vocab.json``), so
+    that is all q needs to be trained on. With this LM head the loss compares q and p as
+    distributions over those Vd tokens (the softmax renormalises p over them), and every
+    LM-head matmul of the loss, the bulk of a training step, reads Vd rows instead of V
+    (8,192 of 49,152 for SmolLM2: 1.39 -> 0.67 s per 4,096-token step here).
+    """
+
+    def __init__(self, lm_head: torch.nn.Module, ids: torch.Tensor):
+        super().__init__()
+        self.register_buffer("weight", lm_head.weight.detach().index_select(0, ids).contiguous())  # (Vd, H)
+        bias = getattr(lm_head, "bias", None)
+        self.register_buffer("bias", None if bias is None else bias.detach().index_select(0, ids))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
 def ttt_mask(steps: int, length: int) -> torch.Tensor:
     """(steps·L, steps·L) bool, True = may attend, for the head unrolled ``steps`` times.
 
@@ -223,17 +244,21 @@ class TrainConfig:
 
 
 def train(head, target_model, data: FeatureDataset, run_dir: Path, loss_cfg: LossConfig,
-          cfg: TrainConfig, progress: bool = True) -> dict:
+          cfg: TrainConfig, progress: bool = True, vocab_ids: torch.Tensor | None = None) -> dict:
     """Train ``head`` in place, checkpointing to ``run_dir`` (and resuming from it).
 
-    A checkpoint holds head, optimiser, step, the feature shards it was started on, and the
-    noise generator's state, so a resumed run continues with the very next batch.
+    ``vocab_ids``: (Vd,) token ids; when given, the loss's distributions live on these draft
+    tokens only (``SubsetLMHead``). A checkpoint holds head, optimiser, step, the feature
+    shards and draft vocabulary it was started on, and the noise generator's state, so a
+    resumed run continues with the very next batch.
     Returns the final state summary (step, epoch, recent losses, seconds).
     """
     from tqdm import tqdm
 
     run_dir.mkdir(parents=True, exist_ok=True)
     lm_head = target_model.get_output_embeddings()
+    if vocab_ids is not None:
+        lm_head = SubsetLMHead(lm_head, vocab_ids)
     embedding = target_model.get_input_embeddings()
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     g = torch.Generator().manual_seed(cfg.seed)
@@ -246,6 +271,10 @@ def train(head, target_model, data: FeatureDataset, run_dir: Path, loss_cfg: Los
         if [str(p) for p in saved["shards"]] != [str(p) for p in data.paths]:
             raise ValueError(f"checkpoint {ckpt} was trained on other feature shards; "
                              "use a new --run-name (and --init-from) to train on more data")
+        saved_ids = saved.get("vocab_ids")
+        if (saved_ids is None) != (vocab_ids is None) or (
+                saved_ids is not None and not torch.equal(saved_ids, vocab_ids)):
+            raise ValueError(f"checkpoint {ckpt} was trained on another draft vocabulary; use a new --run-name")
         head.load_state_dict(saved["head"], strict=True)
         opt.load_state_dict(saved["optimizer"])
         g.set_state(saved["generator"])
@@ -255,7 +284,7 @@ def train(head, target_model, data: FeatureDataset, run_dir: Path, loss_cfg: Los
     def save() -> None:
         tmp = ckpt.with_name("checkpoint.pt.tmp")
         torch.save({"head": head.state_dict(), "optimizer": opt.state_dict(), "generator": g.get_state(),
-                    "state": state, "shards": [str(p) for p in data.paths],
+                    "state": state, "shards": [str(p) for p in data.paths], "vocab_ids": vocab_ids,
                     "loss_config": loss_cfg.__dict__, "train_config": cfg.__dict__}, tmp)
         tmp.rename(ckpt)
 
@@ -314,16 +343,19 @@ def train(head, target_model, data: FeatureDataset, run_dir: Path, loss_cfg: Los
 
 @torch.no_grad()
 def validate(head, target_model, data: FeatureDataset, steps: int = 5, batch_tokens: int = 2048,
-             max_batches: int | None = None) -> dict[str, float]:
+             max_batches: int | None = None, vocab_ids: torch.Tensor | None = None) -> dict[str, float]:
     """Held-out losses and top-1 agreement at each unroll depth (no noise, float32 LM head).
 
     acc_s is the chance that the head, fed its own features for s-1 steps (as when drafting
     at depth s) but the true tokens, puts the target's argmax first: on greedy responses,
-    the acceptance rate of a depth-s chain given its ancestors were accepted.
+    the acceptance rate of a depth-s chain given its ancestors were accepted. With
+    ``vocab_ids`` both argmaxes are taken over those draft tokens, as the engine drafts.
     """
     head.eval()
     cfg = LossConfig(noise=0.0, ttt_steps=steps)
     lm_head, embedding = target_model.get_output_embeddings(), target_model.get_input_embeddings()
+    if vocab_ids is not None:
+        lm_head = SubsetLMHead(lm_head, vocab_ids)
     sums: dict[str, float] = {}
     batches = data.batches(0, 12345, batch_tokens)[:max_batches]
     for ids in batches:
@@ -359,15 +391,45 @@ def run_training(args, work: Path, out: Path) -> dict:
     cfg = TrainConfig(epochs=args.epochs, batch_tokens=args.batch_tokens, lr=args.lr,
                       weight_decay=args.weight_decay, warmup_steps=args.warmup_steps, clip=args.clip,
                       seed=args.seed, checkpoint_every=args.checkpoint_every, max_minutes=args.train_minutes)
-    state = train(head, target.model, data, run_dir, loss_cfg, cfg)
+    vocab = loss_vocabulary(args, run_dir, paths, target)
+    vocab_ids = None if vocab is None else torch.tensor(vocab["token_ids"], dtype=torch.long)
+    state = train(head, target.model, data, run_dir, loss_cfg, cfg, vocab_ids=vocab_ids)
     head.save(out)
+    if vocab is not None:  # the engine drafts from the vocabulary the head was trained on
+        from app.engine.loading import DRAFT_VOCAB_FILE
+
+        (out / DRAFT_VOCAB_FILE).write_text(json.dumps(vocab) + "\n")
     val = None
     if holdout:
-        val = validate(head, target.model, FeatureDataset(holdout), max_batches=args.val_batches)
+        val = validate(head, target.model, FeatureDataset(holdout), max_batches=args.val_batches,
+                       vocab_ids=vocab_ids)
         log("train: held-out " + ", ".join(f"{k} {v:.3f}" for k, v in sorted(val.items())))
     (run_dir / "summary.json").write_text(json.dumps(
         {"state": state, "tokens": data.num_tokens, "conversations": len(data), "shards": len(paths),
          "holdout": [str(p) for p in holdout], "validation": val,
+         "loss_vocab": None if vocab is None else {k: v for k, v in vocab.items() if k != "token_ids"},
          "loss_config": loss_cfg.__dict__, "train_config": cfg.__dict__}, indent=1))
     log(f"train: saved head to {out} after step {state['step']} ({state['seconds'] / 60:.1f} min)")
     return state
+
+
+def loss_vocabulary(args, run_dir: Path, paths: list[Path], target) -> dict | None:
+    """The draft vocabulary of a run (``--loss-vocab draft``): the ``--draft-vocab-size``
+    most frequent response tokens of the training shards (held-out shards excluded) plus
+    the target's end-of-sequence ids, built once and kept in the run folder so that a
+    resumed run uses the same one. None (full vocabulary) for ``--loss-vocab full`` or when
+    the target's vocabulary is no larger than the requested size."""
+    from app.train.draft_vocab import build
+
+    if getattr(args, "loss_vocab", "full") != "draft":
+        return None
+    path = run_dir / "draft_vocab.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    if args.draft_vocab_size >= target.model.config.vocab_size:
+        return None
+    vocab = build(paths, args.draft_vocab_size, always=tuple(sorted(target.eos_ids)))
+    path.write_text(json.dumps(vocab) + "\n")
+    log(f"train: draft vocabulary of {vocab['size']} tokens covers {vocab['coverage']:.4f} of "
+        f"{vocab['response_tokens_counted']} response tokens")
+    return vocab
