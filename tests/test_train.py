@@ -372,3 +372,39 @@ def test_training_stage_trains_on_and_ships_a_draft_vocabulary_from_the_training
     (tmp_path / "runs" / "dv" / "draft_vocab.json").write_text(json.dumps({**shipped, "token_ids": list(range(40))}))
     with pytest.raises(ValueError, match="another draft vocabulary"):
         run_training(argparse.Namespace(**{**vars(args), "epochs": 6}), tmp_path, out)
+
+
+def test_eval_stage_drafts_from_the_heads_draft_vocabulary_unless_told_not_to(tiny, monkeypatch, tmp_path):
+    """A head folder's draft_vocab.json is what the eval drafts from (as the CLI and app do):
+    a one-token vocabulary that the greedy answers never contain accepts nothing, tau = 1;
+    ``--eval-full-draft-vocab`` ignores it and the trained head is accepted again."""
+    import argparse
+    import json
+
+    from app.engine import loading
+    from app.engine.config import SamplingConfig
+    from app.engine.engine import Engine
+    from app.train import evaluate
+    from app.train.evaluate import eval_tree, run_eval
+
+    target, head = tiny
+    monkeypatch.setattr(loading, "load_target", lambda *a, **k: target)
+    monkeypatch.setattr(loading, "load_draft_head", lambda *a, **k: head)
+    prompts = [p.text for p in _tiny_prompts(3, seed=2)]           # words the tiny tokenizer knows
+    monkeypatch.setattr(evaluate, "first_turns", lambda *a, **k: prompts)
+    tree = eval_tree("20/3/4")
+    written = set()
+    for prompt in [prompts[i] for i in (0, 2)]:
+        for event in Engine(target, head).generate(prompt, tree=tree, sampling=SamplingConfig(), max_new_tokens=12):
+            if getattr(event, "type", None) != "summary":
+                written.update(event.new_tokens)
+    unused = next(t for t in range(3, target.model.config.vocab_size) if t not in written)
+    (tmp_path / "draft_vocab.json").write_text(json.dumps({"token_ids": [unused]}))
+    args = argparse.Namespace(base_model=None, eval_set="mt_bench", eval_indices="0,2", eval_prompts=None,
+                              eval_offset=0, eval_temperature=0.0, seed=0, eval_new_tokens=12, eval_out=None,
+                              eval_tree="20/3/4")
+    narrowed = run_eval(args, tmp_path)["mt_bench"]
+    assert narrowed["draft_vocab"] == 1 and narrowed["tau"] == 1.0
+    full = run_eval(argparse.Namespace(**vars(args), eval_full_draft_vocab=True), tmp_path)["mt_bench"]
+    assert full["draft_vocab"] is None and full["tau"] > 1.2
+    assert full["new_tokens"] == narrowed["new_tokens"]        # lossless either way

@@ -87,6 +87,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-temperature", type=float, default=0.0, help="0 = greedy; sampled with --seed")
     p.add_argument("--eval-out", default=None, help="write the eval result as JSON here")
     p.add_argument("--eval-new-tokens", type=int, default=256)
+    p.add_argument("--eval-full-draft-vocab", action="store_true",
+                   help="draft from the whole vocabulary, ignoring the head's draft_vocab.json")
     p.add_argument("--eval-tree", default="60/5/10",
                    help="TOTAL_TOKENS/DEPTH/TOP_K of the dynamic tree (default: the papers' 60/5/10; the "
                         "reference code's depth=5 drafts 6 levels, which is 60/6/10 here)")

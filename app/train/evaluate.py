@@ -87,13 +87,19 @@ def eval_tree(spec: str) -> TreeConfig:
 def run_eval(args, head_dir: Path) -> dict:
     """tau and acceptance by depth at the papers' 60/5/10 tree (or ``--eval-tree``), for each
     set in ``--eval-set`` (comma-separated or 'all') at ``--eval-temperature``; one result per
-    set, one model load."""
+    set, one model load.
+
+    The engine drafts from the head's ``draft_vocab.json`` when the folder has one, as the CLI
+    and the app do; ``--eval-full-draft-vocab`` drafts from the whole vocabulary instead (how
+    releases 1-5 of the embedded head were measured)."""
     from app.engine.engine import Engine
-    from app.engine.loading import load_draft_head, load_target
+    from app.engine.loading import load_draft_head, load_draft_vocab, load_target
 
     target = load_target(args.base_model, device="cpu", dtype="float32")
     head = load_draft_head(str(head_dir), target)
-    engine = Engine(target, head)
+    vocab = None if getattr(args, "eval_full_draft_vocab", False) \
+        else load_draft_vocab(head_dir, target.model.config.vocab_size)
+    engine = Engine(target, head, draft_vocab=vocab)
     tree = eval_tree(getattr(args, "eval_tree", None) or "60/5/10")
     temperature = float(getattr(args, "eval_temperature", 0.0))
     sampling = SamplingConfig(temperature=temperature, seed=args.seed)
@@ -111,7 +117,7 @@ def run_eval(args, head_dir: Path) -> dict:
                                  f"eval {name}: {i}/{n} prompts, tau so far {tau:.3f}"))
         result.update({"set": name, "offset": args.eval_offset, "indices": getattr(args, "eval_indices", None),
                        "tree": f"dynamic total_tokens={tree.total_tokens} depth={tree.depth} top_k={tree.top_k}",
-                       "temperature": temperature,
+                       "temperature": temperature, "draft_vocab": None if vocab is None else int(vocab.numel()),
                        "max_new_tokens": args.eval_new_tokens, "wall_s": time.perf_counter() - t0})
         log(f"eval: {json.dumps({k: v for k, v in result.items() if k != 'per_prompt'})}")
         results[name] = result
@@ -127,11 +133,12 @@ def pool_files(paths: list[str]) -> dict:
     out = {}
     for name in dict.fromkeys(n for r in runs for n in r):
         parts = [r[name] for r in runs if name in r]
-        if len({(p["tree"], p["temperature"], p["max_new_tokens"]) for p in parts}) != 1:
-            raise ValueError(f"{name}: the runs differ in tree, temperature or length; they do not pool")
+        if len({(p["tree"], p["temperature"], p["max_new_tokens"], p.get("draft_vocab")) for p in parts}) != 1:
+            raise ValueError(f"{name}: the runs differ in tree, temperature, length or draft vocabulary; "
+                             "they do not pool")
         depth = len(parts[0]["accepted_by_depth"])
         out[name] = pool([pp for p in parts for pp in p["per_prompt"]], depth)
-        out[name].update({k: parts[0][k] for k in ("tree", "temperature", "max_new_tokens")})
+        out[name].update({k: parts[0].get(k) for k in ("tree", "temperature", "max_new_tokens", "draft_vocab")})
     return out
 
 
