@@ -15,10 +15,10 @@ from app.engine.tree import tree_attention_mask
 PARENTS = [-1, -1, 0, 0, 2, 1, 4]          # a branchy tree of 7 nodes
 
 
-def tree_forward(target, prefix_ids, root, tokens, parents):
+def tree_forward(target, prefix_ids, root, tokens, parents, cache=None):
     """Logits (N+1, V) of [root, nodes] from one masked forward on top of a prefix cache."""
     model = target.model
-    cache = DynamicCache(config=model.config)
+    cache = DynamicCache(config=model.config) if cache is None else cache
     with torch.no_grad():
         model.model(input_ids=torch.tensor([prefix_ids]), cache=cache, use_cache=True)
         depths = []
@@ -60,19 +60,37 @@ def test_tree_forward_equals_branch_forwards_embedded(embedded_target):
     check_tree_forward(embedded_target, ids[:-1], ids[-1], [314, 253, 1029, 2017, 30, 411, 5229], atol=2e-3)
 
 
-def test_keep_positions_keeps_root_and_accepted_path(tiny):
+@pytest.mark.parametrize("kind", ["dynamic", "preallocated", "preallocated-growing"])
+def test_keep_positions_keeps_root_and_accepted_path(tiny, kind):
     """Gather a non-contiguous path (root, node 1, node 5) out of the tree cache and compare it
-    with a fresh forward over prefix + root + those tokens."""
+    with a fresh forward over prefix + root + those tokens; then a chain commit (a crop) and
+    one more token written in place. For transformers' DynamicCache and for the engine's
+    buffers (kv.PreallocatedLayer), one of them starting too small so that it has to grow."""
     target, _ = tiny
+    model = target.model
+    cache = {"dynamic": DynamicCache(config=model.config),
+             "preallocated": kv.preallocated_cache(model, 64),
+             "preallocated-growing": kv.preallocated_cache(model, 3)}[kind]
     prefix, root, tokens = [5, 6, 7, 8], 11, [20, 21, 22, 23, 24, 25, 26]
-    _, cache = tree_forward(target, prefix, root, tokens, PARENTS)
+    _, cache = tree_forward(target, prefix, root, tokens, PARENTS, cache)
     kv.keep_positions(cache, len(prefix), [0, 2, 6])           # node 1 (parent -1), node 5 (parent 1)
-    fresh = DynamicCache(config=target.model.config)
-    with torch.no_grad():
-        target.model.model(input_ids=torch.tensor([prefix + [root, 21, 25]]), cache=fresh, use_cache=True)
-    for a, b in zip(cache.layers, fresh.layers):
-        assert a.keys.shape == b.keys.shape
-        assert torch.allclose(a.keys, b.keys, atol=1e-5) and torch.allclose(a.values, b.values, atol=1e-5)
+
+    def check(seq):
+        fresh = DynamicCache(config=model.config)
+        with torch.no_grad():
+            model.model(input_ids=torch.tensor([seq]), cache=fresh, use_cache=True)
+        assert kv.cache_length(cache) == len(seq)
+        for a, b in zip(cache.layers, fresh.layers):
+            assert a.keys.shape == b.keys.shape
+            assert torch.allclose(a.keys, b.keys, atol=1e-5) and torch.allclose(a.values, b.values, atol=1e-5)
+
+    check(prefix + [root, 21, 25])
+    kv.keep_positions(cache, len(prefix), [0, 1])               # contiguous offsets: a crop
+    check(prefix + [root, 21])
+    with torch.no_grad():                                       # a write after the crop lands in place
+        model.model(input_ids=torch.tensor([[40]]), position_ids=torch.tensor([[len(prefix) + 2]]),
+                    cache=cache, use_cache=True)
+    check(prefix + [root, 21, 40])
 
 
 @pytest.mark.parametrize("method", ["dynamic", "static", "threshold"])

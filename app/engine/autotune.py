@@ -182,8 +182,6 @@ def measure_forward_costs(target, sizes=DEFAULT_SIZES, prefix_len: int = DEFAULT
     hardware can do; noise only ever adds time), and the curve is made non-decreasing (a
     forward over more tokens never costs less; a dip is noise).
     """
-    from transformers import DynamicCache
-
     from app.engine import kv
 
     model, device = target.model, target.device
@@ -194,7 +192,7 @@ def measure_forward_costs(target, sizes=DEFAULT_SIZES, prefix_len: int = DEFAULT
     prefix_len = min(prefix_len, target.max_positions - max(sizes) - 1)
     g = torch.Generator().manual_seed(0)
     prefix = torch.randint(0, vocab, (1, prefix_len), generator=g).to(device)        # (1, P)
-    cache = DynamicCache(config=model.config)
+    cache = kv.preallocated_cache(model, prefix_len + max(sizes))    # the engine's cache kind
     body(input_ids=prefix, cache=cache, use_cache=True)
     inputs = {}
     for n in sizes:

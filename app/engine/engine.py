@@ -52,8 +52,8 @@ class _Run:
     """Everything one generation owns (never stored on the model, so runs cannot leak)."""
 
     tokens: list[int]                  # committed sequence x: prompt + generated
-    target_cache: object               # transformers DynamicCache over x[:-1]
-    draft_cache: object | None         # DynamicCache of the head, or None for vanilla
+    target_cache: object               # transformers DynamicCache over x[:-1] (kv.PreallocatedLayer buffers)
+    draft_cache: object | None         # the head's cache (same kind), or None for vanilla
     pending_features: torch.Tensor | None  # (1, P, H) features f[j] of pairs not yet read by the head
     pending_tokens: list[int]          # the P tokens x[j+1] of those pairs
     generator: torch.Generator
@@ -132,7 +132,7 @@ class Engine:
         return self._generate(list(prompt_ids), tree, sampling, max_new_tokens)
 
     def _generate(self, prompt_ids, tree, sampling, max_new_tokens):
-        run = self._prefill(prompt_ids, tree, sampling)
+        run = self._prefill(prompt_ids, tree, sampling, max_new_tokens)
         steps: list[StepEvent] = []
         seconds = 0.0
         generated: list[int] = []
@@ -147,17 +147,19 @@ class Engine:
         yield summarize(tree.method, steps, seconds, self.decode(generated))
 
     @torch.inference_mode()
-    def _prefill(self, prompt_ids: list[int], tree: TreeConfig, sampling: SamplingConfig) -> _Run:
-        from transformers import DynamicCache
-
+    def _prefill(self, prompt_ids: list[int], tree: TreeConfig, sampling: SamplingConfig,
+                 max_new_tokens: int = 128) -> _Run:
         device = self.target.device
         generator = torch.Generator(device=device).manual_seed(sampling.seed)
-        target_cache = DynamicCache(config=self.target.model.config)
+        # KV buffers sized for the prompt, the answer and one tree (they grow if ever short):
+        # a step writes its keys/values in place instead of re-concatenating the cache
+        capacity = len(prompt_ids) + max_new_tokens + (tree.total_tokens + 1 if tree.uses_draft else 1)
+        target_cache = kv.preallocated_cache(self.target.model, capacity)
         features = None
         if len(prompt_ids) > 1:
             ids = torch.tensor([prompt_ids[:-1]], device=device)
             features = self.body(input_ids=ids, cache=target_cache, use_cache=True).last_hidden_state
-        draft_cache = DynamicCache() if tree.uses_draft else None
+        draft_cache = kv.preallocated_cache(None, capacity) if tree.uses_draft else None
         return _Run(tokens=list(prompt_ids), target_cache=target_cache,
                     draft_cache=draft_cache, pending_features=features if tree.uses_draft else None,
                     pending_tokens=list(prompt_ids[1:]) if tree.uses_draft else [], generator=generator)
