@@ -6,7 +6,7 @@
 Instruments a real ``Engine`` by wrapping (never editing) the pieces one step is made of,
 and times each with ``perf_counter`` (CUDA synchronised):
 
-    target forward     the decoder stack over [root, nodes]    (engine.body)
+    target forward     the decoder stack over [root, nodes]    (engine.decoder)
     target LM head     logits for every verified row           (engine.lm_head outside drafting)
     draft head         the head's forwards, one per level      (engine.head)
     draft LM head      the full-vocabulary LM head on drafted features (engine.lm_head inside _draft)
@@ -72,7 +72,7 @@ class StepProfiler:
             patches.append((obj, attr, getattr(obj, attr)))
             setattr(obj, attr, new)
 
-        patch(e.body, "forward", self._timed(e.body.forward, "target forward"))
+        patch(e.decoder, "forward", self._timed(e.decoder.forward, "target forward"))
         lm_forward = e.lm_head.forward
 
         def lm_head(x):
@@ -122,7 +122,7 @@ class StepProfiler:
             yield self
         finally:
             for obj, attr, original in reversed(patches):
-                if obj is e or obj is e.body or obj is e.lm_head or obj is e.head:
+                if obj is e or obj is e.decoder or obj is e.lm_head or obj is e.head:
                     try:
                         delattr(obj, attr)      # back to the class attribute
                         continue

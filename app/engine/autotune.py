@@ -128,8 +128,12 @@ def cost_cache_key(target) -> dict:
     device = target.device
     dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
     cfg = target.model.config
+    from app.engine import fused
+
     return {
         "model": target.name,
+        # which verify forward and cache the engine runs: a faster one invalidates old curves
+        "forward": f"{fused.decoder_forward(target).name}+preallocated-kv",
         "shape": f"L{cfg.num_hidden_layers}-H{cfg.hidden_size}-V{cfg.vocab_size}",
         "device": device.type,
         "device_name": dev_name,
@@ -182,11 +186,12 @@ def measure_forward_costs(target, sizes=DEFAULT_SIZES, prefix_len: int = DEFAULT
     hardware can do; noise only ever adds time), and the curve is made non-decreasing (a
     forward over more tokens never costs less; a dip is noise).
     """
-    from app.engine import kv
+    from app.engine import fused, kv
 
     model, device = target.model, target.device
     body = getattr(model, model.base_model_prefix)
     lm_head = model.get_output_embeddings()
+    decoder = fused.decoder_forward(target)      # the engine's verify forward
     vocab = model.config.vocab_size
     sizes = sorted(set(int(n) for n in sizes))
     prefix_len = min(prefix_len, target.max_positions - max(sizes) - 1)
@@ -207,8 +212,7 @@ def measure_forward_costs(target, sizes=DEFAULT_SIZES, prefix_len: int = DEFAULT
             ids, pos, mask = inputs[n]
             _sync(device)
             t0 = time.perf_counter()
-            hidden = body(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache,
-                          use_cache=True).last_hidden_state                           # (1, n, H)
+            hidden = decoder(ids, pos, mask, cache)                                    # (1, n, H)
             lm_head(hidden[0])                                                         # (n, V)
             _sync(device)
             elapsed = (time.perf_counter() - t0) * 1e3

@@ -32,7 +32,7 @@ from typing import Iterator
 
 import torch
 
-from app.engine import kv, verify
+from app.engine import fused, kv, verify
 from app.engine.config import (GenerationLimits, SamplingConfig, TreeConfig, check_max_new_tokens,
                                check_prompt)
 from app.engine.events import DraftTreeRecord, RunSummary, StepEvent, summarize
@@ -76,6 +76,9 @@ class Engine:
         self.limits = limits
         model = target.model
         self.body = getattr(model, model.base_model_prefix)    # the decoder stack, ends with the final norm
+        # decode/verify forwards: the same stack with fused projections where the
+        # architecture allows (app/engine/fused.py); the prompt's prefill stays on self.body
+        self.decoder = fused.decoder_forward(target)
         self.lm_head = model.get_output_embeddings()
         self.embedding = model.get_input_embeddings()
         self.eos_ids = target.eos_ids
@@ -187,8 +190,7 @@ class Engine:
                               local], dim=1)[None, None]                               # (1, 1, N+1, prefix+N+1)
         else:
             mask = None  # a single query attends to the whole cache: the default causal mask
-        hidden = self.body(input_ids=ids, attention_mask=mask, position_ids=positions,
-                           cache=run.target_cache, use_cache=True).last_hidden_state  # (1, N+1, H)
+        hidden = self.decoder(ids, positions, mask, run.target_cache)                 # (1, N+1, H)
 
         # lm_rows: where the LM head runs, in one batch. Normally only rows verification can
         # visit: the root and every node with children, plus the accepted leaf (for its bonus)
