@@ -408,3 +408,29 @@ def test_eval_stage_drafts_from_the_heads_draft_vocabulary_unless_told_not_to(ti
     full = run_eval(argparse.Namespace(**vars(args), eval_full_draft_vocab=True), tmp_path)["mt_bench"]
     assert full["draft_vocab"] is None and full["tau"] > 1.2
     assert full["new_tokens"] == narrowed["new_tokens"]        # lossless either way
+
+
+def test_train_defaults_are_the_shipped_release_recipe():
+    """`python -m app train` with no flags must train the way the shipped head was trained:
+    every recipe flag of the model card's "Reproduce release 6" command equals its default."""
+    import argparse
+    import re
+    import shlex
+    from pathlib import Path
+
+    from app.train.cli import add_arguments
+
+    card = (Path(__file__).resolve().parents[1] / "models" / "eagle-smollm2-135m-instruct" / "README.md").read_text()
+    section = card[card.index("Reproduce release 6"):]
+    command = re.search(r"python -m app train --stage train(.*?)\n\s*python", section, re.S).group(1)
+    words = shlex.split(command.replace("\\\n", " "))
+    flags = dict(zip(words[::2], words[1::2]))
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    defaults = parser.parse_args([])
+    recipe = ["--ttt-steps", "--kl-fraction", "--loss-vocab", "--draft-vocab-size", "--batch-tokens", "--lr",
+              "--warmup-steps", "--epochs", "--train-minutes"]
+    assert set(recipe) <= flags.keys(), sorted(flags)
+    for flag in recipe:
+        value = getattr(defaults, flag[2:].replace("-", "_"))
+        assert type(value)(flags[flag]) == value, f"{flag}: card {flags[flag]}, default {value}"

@@ -8,6 +8,11 @@ attention layers, so cutting it to 8k tokens makes drafting several times cheape
 the tokens left out are rare in answers. Verification never uses this set: output stays
 lossless.
 
+The training stage builds it by default (``--loss-vocab draft``: the loss is taken over these
+tokens, from the training shards only, and the file is written beside the head). The command
+below is for a head trained with ``--loss-vocab full``, which can still be given a vocabulary
+afterwards:
+
     python -m app.train.draft_vocab --work-dir ~/.cache/eagle-lens/train/SmolLM2-135M-Instruct \
         --out models/eagle-smollm2-135m-instruct --size 8192
 """

@@ -390,7 +390,7 @@ def run_training(args, work: Path, out: Path) -> dict:
                           lm_head_bf16=not args.fp32_lm_head, kl_fraction=args.kl_fraction)
     cfg = TrainConfig(epochs=args.epochs, batch_tokens=args.batch_tokens, lr=args.lr,
                       weight_decay=args.weight_decay, warmup_steps=args.warmup_steps, clip=args.clip,
-                      seed=args.seed, checkpoint_every=args.checkpoint_every, max_minutes=args.train_minutes)
+                      seed=args.seed, checkpoint_every=args.checkpoint_every, max_minutes=args.train_minutes or None)
     vocab = loss_vocabulary(args, run_dir, paths, target)
     vocab_ids = None if vocab is None else torch.tensor(vocab["token_ids"], dtype=torch.long)
     state = train(head, target.model, data, run_dir, loss_cfg, cfg, vocab_ids=vocab_ids)
@@ -421,7 +421,7 @@ def loss_vocabulary(args, run_dir: Path, paths: list[Path], target) -> dict | No
     the target's vocabulary is no larger than the requested size."""
     from app.train.draft_vocab import build
 
-    if getattr(args, "loss_vocab", "full") != "draft":
+    if getattr(args, "loss_vocab", "draft") != "draft":     # the CLI's default, for callers without the field
         return None
     path = run_dir / "draft_vocab.json"
     if path.is_file():
