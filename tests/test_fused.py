@@ -114,3 +114,16 @@ def test_unsupported_architecture_runs_transformers_forward_and_stays_lossless()
     with torch.no_grad():
         expected = model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False)[0, len(prompt):]
     assert [t for e in events[:-1] for t in e.new_tokens] == expected.tolist()
+
+
+def test_look_alike_architectures_are_not_fused():
+    """Gemma has the same projections but scales its embeddings inside the model's forward:
+    the allow-list keeps it (and any other look-alike) on transformers' forward."""
+    from transformers import GemmaConfig, GemmaForCausalLM
+
+    cfg = GemmaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, hidden_act="silu",
+                      hidden_activation="silu")
+    cfg._attn_implementation = "sdpa"
+    reason = fused.supports(GemmaForCausalLM(cfg))
+    assert reason and "GemmaDecoderLayer" in reason

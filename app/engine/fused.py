@@ -20,8 +20,8 @@ product, so on CPU the hidden states equal transformers' bit for bit (tested); g
 stays identical to ``generate``. Measured on SmolLM2-135M fp32, 2 threads, 300 cached
 positions: 42.6 -> 34.4 ms for 1 query token, 50.1 -> 40.2 for 3, 70.5 -> 61.6 for 8.
 
-Only plain Llama-style decoders qualify (``supports``): SiLU MLP, no projection biases, no
-sliding window, SDPA attention. Anything else runs transformers' forward unchanged
+Only plain Llama and Mistral decoders qualify (``supports``): SiLU MLP, no projection
+biases, no sliding window, SDPA attention. Anything else runs transformers' forward unchanged
 (``DecoderForward``), with the same call signature.
 """
 from __future__ import annotations
@@ -47,6 +47,9 @@ class DecoderForward:
                          use_cache=True).last_hidden_state
 
 
+ALLOWED_LAYERS = {"LlamaDecoderLayer", "MistralDecoderLayer"}
+
+
 def supports(model: nn.Module) -> str | None:
     """None if ``FusedLlamaDecoder`` reproduces ``model``'s decoder exactly, else the reason not."""
     cfg = model.config
@@ -54,6 +57,11 @@ def supports(model: nn.Module) -> str | None:
     layers = getattr(body, "layers", None)
     if layers is None or not hasattr(body, "rotary_emb") or not hasattr(body, "norm"):
         return "not a Llama-style decoder (layers, rotary_emb, norm)"
+    # an allow-list, not a shape check: look-alikes scale embeddings or residuals inside
+    # their model's forward (Gemma, Granite) or add norms (Gemma 2/3), which this would skip
+    kinds = {type(layer).__name__ for layer in layers}
+    if kinds - ALLOWED_LAYERS:
+        return f"decoder layers {sorted(kinds)}, not one of {sorted(ALLOWED_LAYERS)}"
     if getattr(cfg, "hidden_act", None) != "silu":
         return f"hidden_act {getattr(cfg, 'hidden_act', None)!r}, not silu"
     if getattr(cfg, "attention_bias", False) or getattr(cfg, "mlp_bias", False):
