@@ -10,10 +10,11 @@ two fused products per layer — [q; k; v] in one matmul, [gate; up] in another 
 
 Why by hand: no library call gives this. ``torch.compile`` could fuse more, but it needs a
 C++ toolchain, minutes of compilation on 2 cores and a static cache shape, which the
-engine's crop-and-gather cache does not have. The norms, rotary embedding and embeddings
-are still transformers' own modules, and the fused weights are the model's own tensors: the
-original q/k/v and gate/up parameters become row views of the fused ones, so no memory is
-added and transformers' forward (prefill, ``generate``) keeps working on the same numbers.
+engine's crop-and-gather cache does not have. The norms, the rotary embedding and its
+application, and the embeddings are still transformers' own; the fused weights are the
+model's own tensors: the original q/k/v and gate/up parameters become row views of the
+fused ones, so no memory is added and transformers' forward (prefill, ``generate``) keeps
+working on the same numbers.
 
 Exactness: each output element of a fused product is the same dot product as in the separate
 product, so on CPU the hidden states equal transformers' bit for bit (tested); greedy output
@@ -29,6 +30,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb   # Mistral's is the same
 
 
 class DecoderForward:
@@ -123,15 +125,13 @@ class FusedLlamaDecoder(DecoderForward):
         n = ids.shape[1]
         x = self.body.embed_tokens(ids)                                         # (1, n, H)
         cos, sin = self.body.rotary_emb(x, positions)                           # (1, n, d) each
-        cos, sin = cos[:, None], sin[:, None]                                   # (1, 1, n, d)
         for i, w in enumerate(self.layers):
             layer = w["layer"]
             q, k, v = F.linear(layer.input_layernorm(x), w["qkv"]).split(self.split, dim=-1)
             q = q.view(1, n, self.heads, self.head_dim).transpose(1, 2)        # (1, Hq, n, d)
             k = k.view(1, n, self.kv_heads, self.head_dim).transpose(1, 2)     # (1, Hkv, n, d)
             v = v.view(1, n, self.kv_heads, self.head_dim).transpose(1, 2)
-            q = q * cos + _rotate_half(q) * sin                                 # RoPE, as transformers applies it
-            k = k * cos + _rotate_half(k) * sin
+            q, k = apply_rotary_pos_emb(q, k, cos, sin)                         # transformers' own RoPE
             keys, values = cache.update(k, v, i)                                # (1, Hkv, cached + n, d)
             o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=w["scaling"],
                                                enable_gqa=self.kv_heads != self.heads)   # (1, Hq, n, d)
@@ -139,11 +139,6 @@ class FusedLlamaDecoder(DecoderForward):
             gate, up = F.linear(layer.post_attention_layernorm(x), w["gate_up"]).chunk(2, dim=-1)
             x = x + F.linear(F.silu(gate) * up, w["down"])
         return self.body.norm(x)                                                # (1, n, H)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
 
 
 def decoder_forward(target) -> DecoderForward:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -49,6 +49,9 @@ class Target:
     name: str
     device: torch.device
     dtype: torch.dtype
+    # the engine's decode/verify forward, built once by fused.decoder_forward (it re-points
+    # the model's weights, so every engine on this target must share it)
+    _decoder_forward: object = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def eos_ids(self) -> set[int]:
