@@ -142,21 +142,28 @@ def test_pooling_and_table():
     assert "| dynamic | 24/5/8 | 40.0 | 2.00 | 2.00 | 2.86 | 71 | 20% / 60% / 20% | 0.79 0.27 | 1 of 2 |" in md
 
 
-def test_profile_step_parts_add_up_to_the_step():
+@pytest.mark.parametrize("draft_vocab", [None, 40])
+def test_profile_step_parts_add_up_to_the_step(draft_vocab):
     """The per-part step profiler (issue 5 part 3) on a tiny engine: every part is measured,
-    the parts add up to the step, and the engine is left unpatched afterwards."""
+    the parts add up to the step, and the engine is left unpatched afterwards. With a reduced
+    draft vocabulary the draft's LM-head matmul bypasses ``lm_head`` and must still be
+    counted as the draft LM head, not as Python."""
+    import torch
+
     from app.bench.profile_step import PARTS, format_profile, profile_tree
     from app.engine.engine import Engine
     from tests.tiny import random_head, tiny_target
 
     target = tiny_target()
-    engine = Engine(target, random_head(target))
+    vocab = None if draft_vocab is None else torch.arange(draft_vocab)
+    engine = Engine(target, random_head(target), draft_vocab=vocab)
     t = profile_tree(engine, TreeConfig(total_tokens=12, depth=3, top_k=4), "w5 w6 w7 w8", steps=3)
     assert t["steps"] == 3
     assert t["target forward"] > 0 and t["draft head"] > 0 and t["draft LM head"] > 0
     assert sum(t.get(k, 0.0) for k in PARTS) == pytest.approx(t["step"], rel=0.05)
     assert "draft LM head" in format_profile("x", t)
-    assert "forward" not in vars(engine.body) and "_draft" not in vars(engine)
+    assert "forward" not in vars(engine.decoder) and "_draft" not in vars(engine)
+    assert "_draft_logits" not in vars(engine)
 
 
 def test_bench_sampled_run(tiny_folders, tmp_path, monkeypatch):

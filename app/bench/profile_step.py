@@ -83,6 +83,8 @@ class StepProfiler:
         patch(e.lm_head, "forward", self._timed(lm_head, lambda: "draft LM head" if self.in_draft else "target LM head"))
         if e.head is not None:
             patch(e.head, "forward", self._timed(e.head.forward, "draft head"))
+        if e.draft_vocab is not None:   # the reduced draft vocabulary's matmul bypasses lm_head
+            patch(e, "_draft_logits", self._timed(e._draft_logits, "draft LM head"))
         patch(eng, "tree_attention_mask", self._timed(eng.tree_attention_mask, "tree mask"))
         for name in ("greedy_verify", "sequential_verify", "chain_verify", "logits_to_probs"):
             patch(verify, name, self._timed(getattr(verify, name), lambda: "draft softmax+topk" if self.in_draft else "acceptance"))
@@ -90,7 +92,7 @@ class StepProfiler:
             patch(kv, name, self._timed(getattr(kv, name), "cache ops"))
         patch(e, "_tree_record", self._timed(e._tree_record, "step record"))
         patch(e, "decode", self._timed(e.decode, "step record"))
-        for name in ("softmax", "topk"):
+        for name in ("softmax", "topk", "logsumexp"):
             original = getattr(torch, name)
 
             def during_draft_only(*a, _f=original, **kw):
