@@ -434,3 +434,64 @@ def test_train_defaults_are_the_shipped_release_recipe():
     for flag in recipe:
         value = getattr(defaults, flag[2:].replace("-", "_"))
         assert type(value)(flags[flag]) == value, f"{flag}: card {flags[flag]}, default {value}"
+
+
+def test_head_loss_reads_input_features_when_given(tiny_data):
+    """EAGLE-3-style probes feed the head several target layers (``input_features``) while it
+    still predicts the final feature: the loss must read them, and only them, as the input."""
+    target, data = tiny_data
+    lm_head, emb = target.model.get_output_embeddings(), target.model.get_input_embeddings()
+    cfg = LossConfig(noise=0.0)
+    batch = data.collate([0, 1, 2])
+    head = _head(target)
+    with torch.no_grad():
+        plain, _ = head_loss(head, lm_head, emb, batch, cfg, data.feature_std)
+        same, _ = head_loss(head, lm_head, emb, {**batch, "input_features": batch["features"]}, cfg, data.feature_std)
+    assert torch.equal(plain, same)
+
+    H = batch["features"].shape[-1]
+    wide = _head(target)
+    wide.fc = torch.nn.Linear(4 * H, H)                         # [emb; f; two more layers]
+    extra = torch.randn(batch["features"].shape[:2] + (2 * H,), generator=torch.Generator().manual_seed(0))
+    inputs = torch.cat([batch["features"], extra], -1)           # (B, T, 3H): fc reads [emb; inputs]
+    with torch.no_grad():
+        a, stats = head_loss(wide, lm_head, emb, {**batch, "input_features": inputs}, cfg, data.feature_std)
+        b, _ = head_loss(wide, lm_head, emb, {**batch, "input_features": torch.cat([batch["features"], 2 * extra], -1)},
+                         cfg, data.feature_std)
+    assert torch.isfinite(a) and "acc1" in stats and not torch.equal(a, b)   # the extra layers are read
+    with pytest.raises(ValueError, match="ttt_steps 1"):
+        head_loss(wide, lm_head, emb, {**batch, "input_features": inputs}, LossConfig(ttt_steps=2), data.feature_std)
+
+
+def test_eagle3_feature_probe_extracts_layers_and_trains_both_heads(tmp_path):
+    """scripts/probe_eagle3_features.py end to end on the tiny Llama: the recorded layers are
+    the target's own, and both heads train and report held-out depth-1 agreement."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("probe", Path(__file__).parents[1] / "scripts/probe_eagle3_features.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    target = tiny_target(seed=0)
+    target.model.save_pretrained(tmp_path / "target")
+    target.tokenizer.save_pretrained(tmp_path / "target")
+    (tmp_path / "work" / "features").mkdir(parents=True)
+    for shard in range(2):
+        _tiny_shard(target, shard, n=8, new_tokens=24).save(tmp_path / "work" / "features" / f"shard_{shard:05d}.safetensors")
+    base = ["--base-model", str(tmp_path / "target")]
+    probe.main(["extract", "--work-dir", str(tmp_path / "work"), "--out", str(tmp_path / "p"), "--layers", "1", *base])
+
+    saved = probe.load_file(str(tmp_path / "p" / "shards" / "shard_00001.safetensors"))
+    tokens = saved["tokens"][int(saved["offsets"][0]):int(saved["offsets"][1])].long()
+    f, aux = probe.layer_features(target.model, tokens, [1])
+    torch.testing.assert_close(saved["features"][:tokens.numel()].float(), f, atol=2e-2, rtol=2e-3)
+    torch.testing.assert_close(saved["aux"][:tokens.numel()].float(), aux, atol=2e-2, rtol=2e-3)
+    assert aux.shape == (tokens.numel(), 64) and torch.allclose(aux.pow(2).mean(-1), torch.ones(tokens.numel()), atol=1e-3)
+
+    for variant in probe.VARIANTS:
+        probe.main(["train", "--probe-dir", str(tmp_path / "p"), "--variant", variant, "--steps", "12",
+                    "--batch-tokens", "256", "--full-vocab", *base])
+        result = json.loads((tmp_path / "p" / f"result_{variant}.json").read_text())
+        assert result["steps"] == 12 and 0.0 <= result["heldout_acc1"] <= 1.0 and result["heldout_tokens"] > 0
+    ckpt = torch.load(tmp_path / "p" / "run_layers" / "checkpoint.pt", weights_only=False)
+    assert ckpt["head"]["fc.weight"].shape == (64, 3 * 64)        # [emb; f; layer 1]

@@ -163,6 +163,10 @@ def head_loss(head, lm_head, embedding, batch: dict[str, torch.Tensor], cfg: Los
     """The training loss of one batch and its parts (per unroll step) for logging.
 
     Shapes: B conversations, T tokens, L = T - 1 head positions, H hidden, V vocabulary.
+    ``batch["features"]`` are the target's features f, what the head predicts. The head reads
+    them too, unless ``batch["input_features"]`` (B, T, k·H) is given: several target layers
+    per position, as EAGLE-3 feeds its head (only with ``ttt_steps == 1``: deeper unroll
+    steps would read the head's own H-wide predictions instead).
     """
     tokens, f = batch["tokens"], batch["features"]                    # (B, T), (B, T, H)
     B, T, H = f.shape
@@ -173,6 +177,10 @@ def head_loss(head, lm_head, embedding, batch: dict[str, torch.Tensor], cfg: Los
     j = torch.arange(L)[None]
     real = j + 1 < batch["lengths"][:, None]                           # (B, L) f[j+1] exists
     f_in = f[:, :-1]                                                   # (B, L, H) f[j]
+    if "input_features" in batch:
+        if cfg.ttt_steps != 1:
+            raise ValueError("input_features (several target layers) train with ttt_steps 1 only")
+        f_in = batch["input_features"][:, :-1]                         # (B, L, k·H) at position j
     if cfg.noise > 0:
         f_in = f_in + torch.randn(f_in.shape, generator=g) * (cfg.noise * feature_std)
 
