@@ -47,6 +47,8 @@ class DecoderForward:
         self.body = getattr(model, model.base_model_prefix)
 
     def __call__(self, ids, positions, mask, cache):
+        # through the instance's ``forward`` attribute, so that a profiler
+        # (app/bench/profile_step.py) can wrap one decoder's forward without subclassing
         return self.forward(ids, positions, mask, cache)
 
     def forward(self, ids, positions, mask, cache):
