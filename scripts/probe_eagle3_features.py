@@ -21,6 +21,9 @@ layers, which needs training-time test, a larger change than a probe.
     python scripts/probe_eagle3_features.py train --probe-dir /tmp/probe --variant layers --steps 800
     python scripts/probe_eagle3_features.py report --probe-dir /tmp/probe
 
+Result (``benchmarks/eagle3-feature-probe.md``): +0.015 on 181k training tokens, +0.004
+(noise) on 382k; more data moved both by +0.07. Not the lever for this target.
+
 ``extract`` reads the conversations of the data stage's shards (``python -m app train --stage
 data``) and runs the float32 target over each once to record f and the chosen layers'
 hidden states. Those live on the residual stream, where a few channels reach ~660 here (the
