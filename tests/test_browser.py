@@ -72,6 +72,18 @@ def test_browser_generate_replay_stop_and_traces(url, tmp_path):
         page.set_default_timeout(120_000)
         page.goto(url)
 
+        # A tree preset moves the knobs (the paper's 60/5/10), and back to the page's default.
+        page.get_by_text("Tree knobs").click()
+        default_total = page.locator("#total-tokens input[type=number]").input_value()
+        assert default_total != "60"
+        page.locator("#tree-preset input").click()
+        page.get_by_role("option", name="EAGLE-2 paper, GPU (60 / 5 / 10)").click()
+        expect(page.locator("#total-tokens input[type=number]")).to_have_value("60")
+        expect(page.locator("#top-k input[type=number]")).to_have_value("10")
+        page.locator("#tree-preset input").click()
+        page.get_by_role("option", name=re.compile("this machine's fastest")).click()
+        expect(page.locator("#total-tokens input[type=number]")).to_have_value(default_total)
+
         # Generate: tokens stream, the tree shows nodes, the speedup shows a number.
         page.locator("#prompt textarea").fill("w5 w17 w33 w90")
         page.locator("#max-new-tokens input[type=number]").fill("40")

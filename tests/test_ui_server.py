@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from app.engine.config import TreeConfig
 from app.engine.engine import Engine
 from app.ui.blocks import build_demo, launch_kwargs
 from app.ui.settings import AppContext, ServerConfig
@@ -127,3 +128,17 @@ def test_time_app_run_sees_the_done_update(server):
     seconds = _loadtest().time_app_run(server, dict(prompt=PROMPTS[0], method="dynamic", max_new_tokens=16,
                                                     temperature=0.0, **FAST))
     assert 0 < seconds < 120
+
+
+def test_tree_presets_set_the_knobs_and_refuse_unknown_names(client, tiny):
+    from gradio_client.exceptions import AppError
+
+    from app.ui.requests import AUTO_PRESET, TREE_PRESETS
+
+    paper = next(name for name, shape in TREE_PRESETS.items() if shape == (60, 5, 10))
+    assert list(client.predict(paper, api_name="/tree_preset")) == [5, 10, 60]      # depth, top_k, total
+    default = TreeConfig()                                   # the tiny server starts with the engine's defaults
+    assert list(client.predict(AUTO_PRESET, api_name="/tree_preset")) == [default.depth, default.top_k,
+                                                                          default.total_tokens]
+    with pytest.raises(AppError, match="tree preset must be one of"):
+        client.predict("the biggest tree", api_name="/tree_preset")

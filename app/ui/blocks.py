@@ -19,7 +19,7 @@ import gradio as gr
 from app.engine.config import MAX_DEPTH, MAX_TOP_K
 from app.ui import handlers
 from app.ui.explain import EXAMPLES, HOW_IT_WORKS
-from app.ui.requests import DEFAULTS, TREE_KNOBS, UI_METHODS
+from app.ui.requests import AUTO_PRESET, DEFAULTS, TREE_KNOBS, TREE_PRESETS, UI_METHODS, tree_preset
 from app.ui.session import Session, close_session
 from app.ui.settings import AppContext, ServerConfig, gpu
 from app.viz.style import legend_html
@@ -144,6 +144,13 @@ def build_demo(ctx: AppContext, demos: dict[str, str] | None = None) -> gr.Block
     def load_demo(session: Session, name: str):
         return _once(lambda: handlers.load_demo(ctx, session, demos, name), RUN_VIEWS)
 
+    def choose_preset(name: str):
+        """(depth, top_k, total_tokens) of a named tree (requests.TREE_PRESETS) for the sliders."""
+        try:
+            return tree_preset(name, tree0)
+        except ValueError as exc:
+            raise gr.Error(str(exc), print_exception=False) from None
+
     def first_demo(session: Session):
         """On page load: show the first shipped trace, so a visitor sees a demo at once."""
         if not demos:
@@ -175,6 +182,9 @@ def build_demo(ctx: AppContext, demos: dict[str, str] | None = None) -> gr.Block
                 max_new_tokens = gr.Slider(1, cfg.max_new_tokens, value=min(DEFAULTS["max_new_tokens"], cfg.max_new_tokens),
                                            step=1, label="max new tokens", elem_id="max-new-tokens")
                 with gr.Accordion("Tree knobs", open=False):
+                    preset = gr.Dropdown(list(TREE_PRESETS), value=AUTO_PRESET, label="preset (total / depth / top_k)",
+                                         info="the fastest tree depends on the hardware: compare them in the race",
+                                         elem_id="tree-preset")
                     depth = gr.Slider(1, MAX_DEPTH, value=tree0.depth, step=1, label="depth (draft levels)", elem_id="depth")
                     top_k = gr.Slider(1, MAX_TOP_K, value=tree0.top_k, step=1, label="top_k (branching)", elem_id="top-k")
                     total_tokens = gr.Slider(1, 128, value=tree0.total_tokens, step=1,
@@ -250,6 +260,9 @@ def build_demo(ctx: AppContext, demos: dict[str, str] | None = None) -> gr.Block
                                           [explorer_plot, explorer_status], api_name="explore", **engine_events)
         stop_btn.click(stop, [session], run_outputs, api_name="stop",
                        cancels=[gen_event, submit_event, step_event, explore_event])
+        # a preset only moves the sliders: no engine work, so no queue
+        preset.input(choose_preset, [preset], [depth, top_k, total_tokens], api_name="tree_preset",
+                     queue=False, preprocess=False)
         slider.input(replay, [session, slider], [stream, tree_plot, phases], api_name="replay",
                      trigger_mode="always_last", preprocess=False)
         upload.upload(load_trace, [session, upload], run_outputs, api_name="load_trace")

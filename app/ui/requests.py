@@ -20,6 +20,30 @@ UI_METHODS = ("dynamic", "static", "chain", "threshold", "vanilla")
 DEFAULTS = dict(method="dynamic", max_new_tokens=96, temperature=0.0, top_p=1.0, seed=0,
                 **{k: getattr(TreeConfig(), k) for k in TREE_KNOBS})
 
+# Named trees for the knobs, as (total_tokens, depth, top_k), the papers' N/d/k notation. The
+# first is whatever the page starts with (autotune's choice for this machine); the others let
+# a class compare it with the EAGLE-2 paper's GPU tree, a tree big enough to see branching,
+# and a plain chain, one click each.
+AUTO_PRESET = "this machine's fastest (the page's default)"
+TREE_PRESETS: dict[str, tuple[int, int, int] | None] = {
+    AUTO_PRESET: None,
+    "EAGLE-2 paper, GPU (60 / 5 / 10)": (60, 5, 10),
+    "teaching: a branchy tree (16 / 4 / 4)": (16, 4, 4),
+    "chain of 5 (5 / 5 / 1)": (5, 5, 1),
+}
+
+
+def tree_preset(name, default: TreeConfig) -> tuple[int, int, int]:
+    """(depth, top_k, total_tokens) of the preset ``name``, the knobs' order on the page;
+    the auto preset gives ``default``'s."""
+    if not isinstance(name, str) or name not in TREE_PRESETS:
+        raise ValueError(f"tree preset must be one of {list(TREE_PRESETS)}, got {name!r}")
+    shape = TREE_PRESETS[name]
+    if shape is None:
+        return default.depth, default.top_k, default.total_tokens
+    total, depth, top_k = shape
+    return depth, top_k, total
+
 
 def as_int(name: str, value) -> int:
     """An integer from an int, or a float with no fractional part (sliders send floats)."""
