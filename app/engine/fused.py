@@ -110,7 +110,9 @@ class FusedLlamaDecoder(DecoderForward):
     ``DecoderForward``; ``mask`` is the engine's (1, 1, n, cached + n) bool tree mask or None
     (one query attends to the whole cache)."""
 
-    name = "fused"
+    # part of the autotune cost-cache key: bump it when the forward gets faster or slower, so
+    # cached cost curves are measured again (v2: one-call float32 RMSNorms and q/k RoPE)
+    name = "fused-v2"
 
     @torch.no_grad()
     def __init__(self, model: nn.Module):
