@@ -543,3 +543,24 @@ def test_streamed_updates_resend_instead_of_skipping(ctx):
         assert not any(o == skip or isinstance(o, gr.components.Component) for o in out)
     assert isinstance(outs[-1][RUN_VIEWS.index("trace_file")], gr.DownloadButton)   # the final one
     assert isinstance(outs[0][RUN_VIEWS.index("slider")], gr.Slider)
+
+
+def test_speedup_is_explained_by_its_two_factors(ctx):
+    """The page's "Why" line splits the measured speedup into tokens per step and the cost of a
+    step in vanilla steps, from the run's own step records: the product is the race's ratio."""
+    import re
+
+    from app.viz.race import speedup
+
+    session = Session()
+    text = list(handlers.generate(ctx, session, **BASE))[-1]["speedup"]
+    why = re.search(r"Speedup = ([\d.]+) × ([\d.]+) / ([\d.]+) = \*\*([\d.]+)×\*\*", text)
+    assert why, text
+    tau, ms_v, ms_e, product = map(float, why.groups())
+    steps = session.steps
+    assert tau == pytest.approx(sum(len(s.new_tokens) for s in steps) / len(steps), abs=0.006)
+    assert ms_e == pytest.approx(sum(s.step_ms for s in steps) / len(steps), abs=0.06)
+    assert product == pytest.approx(speedup(steps, session.race_vanilla.steps), abs=0.006)
+    assert text.startswith(f"### Speedup {speedup(steps, session.race_vanilla.steps):.2f}×")
+    assert ("so it wins" in text) == (product > 1.0)
+    assert handlers.speedup_decomposition([], session.race_vanilla.steps) == ""

@@ -100,8 +100,39 @@ def speedup_text(session: Session) -> str:
         return head + " — no vanilla run to compare with."
     ratio = speedup(session.steps, v.steps)
     ratio_text = f"{ratio:.2f}×" if ratio is not None else "n/a"
+    why = speedup_decomposition(session.steps, v.steps)
     return (f"### Speedup {ratio_text}\n{head}; vanilla {v.summary.tokens_per_s:.1f} tokens/s "
-            f"({v.summary.new_tokens} tokens).\n\n{_identical_note(session)}")
+            f"({v.summary.new_tokens} tokens).\n\n" + (f"{why}\n\n" if why else "") + _identical_note(session))
+
+
+def speedup_decomposition(eagle_steps, vanilla_steps) -> str:
+    """The measured speedup split into its two factors, from the same step records as the race:
+
+        speedup = (tokens per EAGLE step / tokens per vanilla step) × (vanilla step ms / EAGLE step ms)
+
+    This is an identity, not a model: tokens/s = tokens per step / seconds per step for each
+    run. It says why a speedup is what it is: a step must add more tokens than it costs
+    vanilla steps, and where its time goes (draft, verify, the rest)."""
+    if not eagle_steps or not vanilla_steps:
+        return ""
+    ms_e = sum(s.step_ms for s in eagle_steps) / len(eagle_steps)
+    ms_v = sum(s.step_ms for s in vanilla_steps) / len(vanilla_steps)
+    if ms_e <= 0 or ms_v <= 0:
+        return ""       # a trace without timings
+    tau_e = sum(len(s.new_tokens) for s in eagle_steps) / len(eagle_steps)
+    tau_v = sum(len(s.new_tokens) for s in vanilla_steps) / len(vanilla_steps)
+    draft = sum(s.draft_ms for s in eagle_steps) / len(eagle_steps)
+    verify = sum(s.verify_ms for s in eagle_steps) / len(eagle_steps)
+    cost = ms_e / ms_v
+    vanilla_tokens = "1 token" if abs(tau_v - 1) < 5e-3 else f"{tau_v:.2f} tokens"
+    factor = f"{tau_e:.2f} × {ms_v:.1f} / {ms_e:.1f}" if vanilla_tokens == "1 token" else \
+        f"({tau_e:.2f} / {tau_v:.2f}) × ({ms_v:.1f} / {ms_e:.1f})"
+    verdict = ("it adds more tokens than it costs vanilla steps, so it wins" if tau_e / tau_v > cost else
+               "it costs more vanilla steps than it adds tokens, so vanilla wins: try a smaller tree")
+    return (f"**Why**: one step made τ = {tau_e:.2f} tokens in {ms_e:.1f} ms (draft {draft:.1f} + verify "
+            f"{verify:.1f} + other {max(0.0, ms_e - draft - verify):.1f}); one vanilla step made {vanilla_tokens} "
+            f"in {ms_v:.1f} ms. Speedup = {factor} = **{tau_e / tau_v / cost:.2f}×**. A step costs "
+            f"{cost:.2f} vanilla steps; {verdict}.")
 
 
 def final_view(session: Session, status: str) -> dict:
