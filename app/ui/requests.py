@@ -21,10 +21,10 @@ DEFAULTS = dict(method="dynamic", max_new_tokens=96, temperature=0.0, top_p=1.0,
                 **{k: getattr(TreeConfig(), k) for k in TREE_KNOBS})
 
 # Named trees for the knobs, as (total_tokens, depth, top_k), the papers' N/d/k notation. The
-# first is whatever the page starts with (autotune's choice for this machine); the others let
-# a class compare it with the EAGLE-2 paper's GPU tree, a tree big enough to see branching,
-# and a plain chain, one click each.
-AUTO_PRESET = "this machine's fastest (the page's default)"
+# first is whatever the page starts with (autotune's choice for this machine when it ran, else
+# the engine's defaults); the others let a class compare it with the EAGLE-2 paper's GPU tree,
+# a tree big enough to see branching, and a plain chain, one click each.
+AUTO_PRESET = "the page's default tree"
 TREE_PRESETS: dict[str, tuple[int, int, int] | None] = {
     AUTO_PRESET: None,
     "EAGLE-2 paper, GPU (60 / 5 / 10)": (60, 5, 10),
