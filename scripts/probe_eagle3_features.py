@@ -39,7 +39,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -100,13 +101,19 @@ def extract(args) -> None:
     (out / "probe.json").write_text(json.dumps({"layers": layers, "shards": [p.name for p in src]}) + "\n")
 
 
+def _read_tensor(path: Path, name: str) -> torch.Tensor:
+    with safe_open(str(path), framework="pt") as f:
+        return f.get_tensor(name)
+
+
 class LayerFeatureDataset(FeatureDataset):
     """The data stage's dataset, plus ``input_features`` = [f; h_a; h_b] for the layers variant."""
 
     def __init__(self, paths: list[Path], with_layers: bool):
         super().__init__(paths)
         self.with_layers = with_layers
-        self.aux = [load_file(str(p))["aux"] for p in self.paths] if with_layers else None
+        # only the extra layers: the tokens and features are already held by the parent class
+        self.aux = [_read_tensor(p, "aux") for p in self.paths] if with_layers else None
 
     def collate(self, items: list[int]) -> dict[str, torch.Tensor]:
         batch = super().collate(items)

@@ -481,7 +481,9 @@ def test_eagle3_feature_probe_extracts_layers_and_trains_both_heads(tmp_path):
     base = ["--base-model", str(tmp_path / "target")]
     probe.main(["extract", "--work-dir", str(tmp_path / "work"), "--out", str(tmp_path / "p"), "--layers", "1", *base])
 
-    saved = probe.load_file(str(tmp_path / "p" / "shards" / "shard_00001.safetensors"))
+    from safetensors.torch import load_file
+
+    saved = load_file(str(tmp_path / "p" / "shards" / "shard_00001.safetensors"))
     tokens = saved["tokens"][int(saved["offsets"][0]):int(saved["offsets"][1])].long()
     f, aux = probe.layer_features(target.model, tokens, [1])
     torch.testing.assert_close(saved["features"][:tokens.numel()].float(), f, atol=2e-2, rtol=2e-3)
