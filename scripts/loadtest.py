@@ -132,10 +132,11 @@ def invalid_requests():
 
 
 def fuzz(url: str, examples: int, seed: int = 0, valid_after: dict | None = None) -> dict:
-    """Send ``examples`` invalid requests; each must come back as an error message (AppError),
-    never a result and never a transport failure; then a valid request must still succeed."""
+    """Send ``examples`` invalid requests; each must come back as an error message (the event
+    validator's ValidationError, or AppError from the run itself), never a result and never a
+    transport failure; then a valid request must still succeed."""
     from gradio_client import Client
-    from gradio_client.exceptions import AppError
+    from gradio_client.exceptions import AppError, ValidationError
     from hypothesis import HealthCheck, given, settings
 
     check_loopback(url)
@@ -150,9 +151,13 @@ def fuzz(url: str, examples: int, seed: int = 0, valid_after: dict | None = None
         try:
             client.predict(**request, api_name="/generate")
             stats["accepted"].append({k: repr(v)[:40] for k, v in request.items()})
+        except ValidationError as exc:    # "1 parameter(s) failed validation:\n- NAME: message"
+            stats["error_message"] += 1
+            first = str(exc).splitlines()[1] if "\n" in str(exc) else str(exc)
+            stats["messages"].setdefault(first.lstrip("- ").split(":")[0], first[:100])   # one example per parameter
         except AppError as exc:
             stats["error_message"] += 1
-            stats["messages"].setdefault(str(exc).split()[0], str(exc)[:100])   # one example per parameter
+            stats["messages"].setdefault(str(exc).split()[0], str(exc)[:100])
         except Exception as exc:  # noqa: BLE001
             stats["server_errors"].append(f"{type(exc).__name__}: {exc}"[:200])
 

@@ -95,6 +95,17 @@ def test_browser_generate_replay_stop_and_traces(url, tmp_path):
         expect(page.locator("#token-stream .tok.draft").first).to_be_visible()
         page.screenshot(path=str(ARTEFACTS / "browser-after-generate.png"), full_page=True)
 
+        # A blank prompt is refused under the prompt box; the run on screen stays as it was
+        # (no page-wide error: the tree and the speedup are still drawn).
+        speedup_text = page.locator("#speedup").inner_text()
+        page.locator("#prompt textarea").fill("   ")
+        page.locator("#generate-btn").click()
+        expect(page.locator("#prompt")).to_contain_text("prompt must be a non-empty, non-blank string")
+        assert page.locator("#speedup").inner_text() == speedup_text
+        assert page.locator("#tree-plot .point").count() > 3
+        expect(page.locator(".error")).to_have_count(0)
+        page.locator("#prompt textarea").fill("w5 w17 w33 w90")
+
         # Replay: move the slider to step 0 and the phase account and tree follow it.
         before = page.locator("#phases").inner_text()
         box = page.locator("#step-slider input[type=number]")

@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from app.engine.config import TreeConfig
 from app.engine.engine import Engine
 from app.ui import handlers, traces
 from app.ui.blocks import demo_traces
@@ -90,9 +91,28 @@ def test_replay_view_scrubs_and_clamps(finished):
 ])
 def test_invalid_inputs_are_refused_with_a_message(ctx, change, word):
     session = Session()
-    with pytest.raises(ValueError, match=word):
+    with pytest.raises(ValueError, match=word) as refused:
         next(handlers.generate(ctx, session, **{**BASE, **change}))
     assert session.steps == []
+    # the page's validator finds the same problem before the run, on the setting it names
+    assert handlers.request_problems(ctx, {**BASE, **change}) == {word: str(refused.value)}
+
+
+def test_request_problems_pass_good_requests_and_check_the_context_like_the_engine(tiny):
+    """{} for a request that runs; a prompt + max_new_tokens over the model's context is
+    max_new_tokens' problem, as the engine's own check says; a problem of no one setting (no
+    model on the server) is left to the run."""
+    target, head = tiny
+    ctx = AppContext(Engine(target, head), ServerConfig(max_new_tokens=1000, update_interval_s=0.0), "tiny")
+    assert handlers.request_problems(ctx, BASE) == {}
+    assert handlers.request_problems(ctx, {**BASE, "method": "vanilla", "max_new_tokens": 400}) == {}
+    long_prompt = {**BASE, "prompt": "w5 " * 200, "max_new_tokens": 400}     # 200 + 400 > 512 positions
+    with pytest.raises(ValueError) as refused:
+        next(ctx.engine.generate(long_prompt["prompt"], max_new_tokens=400,
+                                 tree=TreeConfig(method="dynamic", depth=4, top_k=4, total_tokens=12)))
+    assert handlers.request_problems(ctx, long_prompt) == {"max_new_tokens": str(refused.value)}
+    no_model = AppContext(None, ServerConfig(update_interval_s=0.0), "replay only")
+    assert handlers.request_problems(no_model, BASE) == {}
 
 
 def test_missing_head_allows_vanilla_only(tiny):
@@ -101,6 +121,7 @@ def test_missing_head_allows_vanilla_only(tiny):
                      head_missing="No draft head loaded.")
     with pytest.raises(ValueError, match="needs a draft head"):
         next(handlers.generate(ctx, Session(), **BASE))
+    assert list(handlers.request_problems(ctx, BASE)) == ["method"]
     views = list(handlers.generate(ctx, Session(), **{**BASE, "method": "vanilla"}))
     assert "baseline" in views[-1]["speedup"]
 

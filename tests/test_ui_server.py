@@ -63,13 +63,25 @@ def test_streamed_generation_ends_with_a_speedup(client):
 
 
 def test_invalid_input_is_an_error_message_and_the_server_keeps_serving(client):
-    from gradio_client.exceptions import AppError
+    """Bad settings are refused by the event's validator, before the run starts, each message
+    on the parameter it is about; a knob from a (maybe closed) accordion is named by the
+    prompt too, so the page always shows it."""
+    from gradio_client.exceptions import ValidationError
 
-    with pytest.raises(AppError, match="max_new_tokens"):
+    with pytest.raises(ValidationError, match="- max_new_tokens: max_new_tokens must be"):
         client.predict(prompt=PROMPTS[1], method="dynamic", max_new_tokens=10**6, temperature=0.0,
                        api_name="/generate")
-    with pytest.raises(AppError, match="prompt"):
+    with pytest.raises(ValidationError, match="- prompt: prompt must be a non-empty"):
         client.predict(prompt=" ", method="dynamic", max_new_tokens=4, temperature=0.0, api_name="/generate")
+    with pytest.raises(ValidationError) as refused:
+        client.predict(prompt=PROMPTS[1], method="dynamic", max_new_tokens=4, temperature=0.0, tau_low=0.9,
+                       tau_high=0.2, api_name="/generate")
+    assert "- tau_low: tau_low must be <= tau_high" in str(refused.value)
+    assert "- prompt: Tree knobs: tau_low must be <= tau_high" in str(refused.value)
+    with pytest.raises(ValidationError, match="- max_new_tokens: max_new_tokens must be"):   # the sweep's settings too
+        client.predict(knob="total_tokens", start=2, stop=4, count=2, prompt=PROMPTS[1], method="dynamic",
+                       max_new_tokens=0, temperature=0.0, top_p=1.0, seed=0, depth=2, top_k=2, total_tokens=4,
+                       tau_high=0.5, tau_low=0.05, min_confidence=0.0, api_name="/explore")
     out = client.predict(prompt=PROMPTS[1], method="vanilla", max_new_tokens=4, temperature=0.0,
                          api_name="/generate")
     assert str(out[0]).startswith("done")

@@ -3,7 +3,9 @@
 Handlers (``handlers.py``) yield views — dicts keyed by view name. Here each view name is
 bound to one component, and a thin wrapper per event turns a view into the tuple of outputs
 Gradio expects (``gr.skip()`` for anything the view leaves alone) and a ``ValueError`` into a
-``gr.Error`` message on the page. Nothing here decodes or draws.
+``gr.Error`` message on the page. Before an engine event starts, its validator checks the
+request's settings and shows a bad one's message under its control, so a refused run leaves
+the page as it was. Nothing here decodes or draws.
 
 Reliability (one model, many visitors): every event that runs the engine shares one worker
 (``concurrency_id="engine"``, limit 1), the queue is bounded, each visitor's data lives in
@@ -19,7 +21,7 @@ import gradio as gr
 from app.engine.config import MAX_DEPTH, MAX_TOP_K
 from app.ui import handlers
 from app.ui.explain import EXAMPLES, HOW_IT_WORKS
-from app.ui.requests import AUTO_PRESET, DEFAULTS, TREE_KNOBS, TREE_PRESETS, UI_METHODS, tree_preset
+from app.ui.requests import AUTO_PRESET, DEFAULTS, SETTINGS, TREE_KNOBS, TREE_PRESETS, UI_METHODS, tree_preset
 from app.ui.session import Session, close_session
 from app.ui.settings import AppContext, ServerConfig, gpu
 from app.viz.style import legend_html
@@ -98,6 +100,10 @@ def _once(fn, names):
         raise gr.Error(str(exc), print_exception=False) from None
 
 
+# Settings whose controls live in the accordions, which may be closed when a run is refused.
+FOLDED = {**{k: "Tree knobs" for k in TREE_KNOBS}, **{k: "Sampling" for k in ("temperature", "top_p", "seed")}}
+
+
 def build_demo(ctx: AppContext, demos: dict[str, str] | None = None) -> gr.Blocks:
     """The whole page for one server context. Tests pass a tiny-model context."""
     cfg = ctx.config
@@ -150,6 +156,27 @@ def build_demo(ctx: AppContext, demos: dict[str, str] | None = None) -> gr.Block
             return tree_preset(name, tree0)
         except ValueError as exc:
             raise gr.Error(str(exc), print_exception=False) from None
+
+    def settings_validator(before: int):
+        """Gradio's event validator for an engine event whose request settings (``SETTINGS``)
+        start at input ``before``: a bad setting is shown under its own control and the event
+        never starts, so the page keeps the run it shows. (Raising ``gr.Error`` from the event
+        instead marks every output of the run as failed and blanks its plots.) Values pass
+        unchanged when only the event can judge them (``request_problems``)."""
+
+        def validate(*values):
+            raw = dict(zip(SETTINGS, values[before:before + len(SETTINGS)]))
+            try:
+                problems = handlers.request_problems(ctx, raw)
+            except Exception:  # noqa: BLE001 — never fail here: the event's own checks answer then
+                problems = {}
+            for name, message in list(problems.items()):
+                if name in FOLDED:   # its control may sit in a closed accordion: say it by the prompt too
+                    problems["prompt"] = f"{FOLDED[name]}: {message}"
+            names = [None] * before + list(SETTINGS) + [None] * (len(values) - before - len(SETTINGS))
+            return [gr.validate(name not in problems, problems.get(name, "")) for name in names]
+
+        return validate
 
     def first_demo(session: Session):
         """On page load: show the first shipped trace, so a visitor sees a demo at once."""
@@ -246,18 +273,21 @@ def build_demo(ctx: AppContext, demos: dict[str, str] | None = None) -> gr.Block
         # --- wiring ----------------------------------------------------------------------------
         run_outputs = [status, stream, tree_plot, speedup, race, slider, phases, depth_plot,
                        calibration_plot, per_step_plot, download]
-        settings = [prompt, method, max_new_tokens, temperature, top_p, seed, depth, top_k, total_tokens,
-                    tau_high, tau_low, min_confidence]
+        controls = dict(prompt=prompt, method=method, max_new_tokens=max_new_tokens, temperature=temperature,
+                        top_p=top_p, seed=seed, depth=depth, top_k=top_k, total_tokens=total_tokens,
+                        tau_high=tau_high, tau_low=tau_low, min_confidence=min_confidence)
+        settings = [controls[name] for name in SETTINGS]   # the order the events (and the validator) take
         # preprocess=False: the raw JSON values reach the handlers, whose own validation names
         # the parameter and its range in every message (the components' checks would not).
         engine_events = dict(concurrency_limit=1, concurrency_id=ENGINE, preprocess=False)
         gen_event = generate_btn.click(generate, settings + [step_mode, session], run_outputs,
-                                       api_name="generate", **engine_events)
+                                       api_name="generate", validator=settings_validator(0), **engine_events)
         submit_event = prompt.submit(generate, settings + [step_mode, session], run_outputs,
-                                     api_visibility="private", **engine_events)
+                                     api_visibility="private", validator=settings_validator(0), **engine_events)
         step_event = step_btn.click(next_step, [session], run_outputs, api_name="step", **engine_events)
         explore_event = explore_btn.click(explore, [knob, start, stop_value, count] + settings + [session],
-                                          [explorer_plot, explorer_status], api_name="explore", **engine_events)
+                                          [explorer_plot, explorer_status], api_name="explore",
+                                          validator=settings_validator(4), **engine_events)
         stop_btn.click(stop, [session], run_outputs, api_name="stop",
                        cancels=[gen_event, submit_event, step_event, explore_event])
         # a preset only moves the sliders: no engine work, so no queue

@@ -25,7 +25,7 @@ from app.engine.config import TreeConfig
 from app.engine.events import StepEvent
 from app.ui import traces
 from app.ui.pump import BackgroundRun
-from app.ui.requests import INT_KNOBS, TREE_KNOBS, Request, build_request
+from app.ui.requests import INT_KNOBS, TREE_KNOBS, Request, build_request, setting_of
 from app.ui.session import Session, VanillaRun
 from app.ui.settings import AppContext
 from app.viz.insights import calibration_figure, depth_figure, explorer_figure, tokens_per_step_figure
@@ -179,6 +179,23 @@ def parse(ctx: AppContext, raw: dict) -> Request:
         raise ValueError(f"Method {request.tree.method} needs a draft head. {ctx.head_missing} "
                          "Choose method vanilla, or load a recorded trace.")
     return request
+
+
+def request_problems(ctx: AppContext, raw: dict) -> dict[str, str]:
+    """{setting: message} for a request that cannot run, {} for one that can.
+
+    The same checks as a run makes before any model work (``parse``, then the engine's own
+    ``check_request``: prompt + max_new_tokens must fit the model's context), without running
+    anything. Only a problem with one named setting is returned; any other (no model on this
+    server) is left to the run itself, which reports it as a page-wide error.
+    """
+    try:
+        request = parse(ctx, raw)
+        ctx.engine.check_request(ctx.engine.encode_prompt(request.prompt), request.tree, request.max_new_tokens)
+    except ValueError as exc:
+        name = setting_of(exc)
+        return {name: str(exc)} if name else {}
+    return {}
 
 
 def _run_vanilla(ctx: AppContext, session: Session, request: Request):

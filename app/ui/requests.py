@@ -2,8 +2,9 @@
 
 Anyone can call the API with any JSON, bypassing the sliders, so nothing is trusted: every
 value is type-checked here, then range-checked by the engine's own config classes (which
-raise ``ValueError`` naming the parameter and its range). Handlers turn those ValueErrors into
-``gr.Error`` messages.
+raise ``ValueError`` naming the parameter and its range, first word first). The page's event
+validator shows each message under the control it names (``setting_of``); whatever reaches a
+handler becomes a ``gr.Error`` message.
 """
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ from app.engine.config import SamplingConfig, TreeConfig, check_max_new_tokens, 
 TREE_KNOBS = ("depth", "top_k", "total_tokens", "tau_high", "tau_low", "min_confidence")
 INT_KNOBS = {"depth", "top_k", "total_tokens", "max_new_tokens", "seed"}
 UI_METHODS = ("dynamic", "static", "chain", "threshold", "vanilla")
+
+# The settings of a request, in the order the page's generate event takes them.
+SETTINGS = ("prompt", "method", "max_new_tokens", "temperature", "top_p", "seed") + TREE_KNOBS
 
 DEFAULTS = dict(method="dynamic", max_new_tokens=96, temperature=0.0, top_p=1.0, seed=0,
                 **{k: getattr(TreeConfig(), k) for k in TREE_KNOBS})
@@ -43,6 +47,19 @@ def tree_preset(name, default: TreeConfig) -> tuple[int, int, int]:
         return default.depth, default.top_k, default.total_tokens
     total, depth, top_k = shape
     return depth, top_k, total
+
+
+def setting_of(exc: ValueError) -> str | None:
+    """Which setting a validation error is about, or None.
+
+    Every check in this module and in the engine's config classes starts its message with
+    the name of the parameter it refuses ("depth must be an integer in [1, 10], got 0"), so
+    the first word names it. The page uses this to put the message under that control
+    (Gradio's event validator) instead of failing the whole run with a page-wide error.
+    """
+    words = str(exc).split(maxsplit=1)
+    first = words[0].lower() if words else ""
+    return first if first in SETTINGS else None
 
 
 def as_int(name: str, value) -> int:
