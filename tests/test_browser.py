@@ -59,6 +59,15 @@ def _wait_for_tree(page, title_part: str = "") -> str:
     return page.locator("#tree-plot .gtitle").text_content()
 
 
+def _assert_run_still_shown(page, speedup_text: str) -> None:
+    """The finished run is still on the page: same speedup text, a drawn tree, and no error
+    badge on any of the run's outputs."""
+    assert page.locator("#speedup").inner_text() == speedup_text
+    assert page.locator("#tree-plot .point").count() > 3
+    for output in ("#status", "#token-stream", "#tree-plot", "#speedup", "#race-plot", "#phases"):
+        assert page.locator(f"{output} .error").count() == 0, output
+
+
 @pytest.mark.skipif(not shutil.which(CHROMIUM) and not os.path.exists(CHROMIUM), reason="chromium not installed")
 def test_browser_generate_replay_stop_and_traces(url, tmp_path):
     from playwright.sync_api import expect, sync_playwright
@@ -95,15 +104,16 @@ def test_browser_generate_replay_stop_and_traces(url, tmp_path):
         expect(page.locator("#token-stream .tok.draft").first).to_be_visible()
         page.screenshot(path=str(ARTEFACTS / "browser-after-generate.png"), full_page=True)
 
-        # A blank prompt is refused under the prompt box; the run on screen stays as it was
-        # (no page-wide error: the tree and the speedup are still drawn).
+        # Refused clicks leave the run on screen as it was (no error state on the run's outputs,
+        # which would blank the plots): a blank prompt gets its message under the prompt box,
+        # Step with no paused run a message in a toast.
         speedup_text = page.locator("#speedup").inner_text()
         page.locator("#prompt textarea").fill("   ")
         page.locator("#generate-btn").click()
         expect(page.locator("#prompt")).to_contain_text("prompt must be a non-empty, non-blank string")
-        assert page.locator("#speedup").inner_text() == speedup_text
-        assert page.locator("#tree-plot .point").count() > 3
-        expect(page.locator(".error")).to_have_count(0)
+        page.locator("#step-btn").click()
+        expect(page.locator("[data-testid=toast-body]")).to_contain_text("Nothing to step")
+        _assert_run_still_shown(page, speedup_text)
         page.locator("#prompt textarea").fill("w5 w17 w33 w90")
 
         # Replay: move the slider to step 0 and the phase account and tree follow it.
@@ -123,6 +133,12 @@ def test_browser_generate_replay_stop_and_traces(url, tmp_path):
         trace = tmp_path / "trace.json"
         info.value.save_as(trace)
         assert trace.stat().st_size > 100
+        not_a_trace = tmp_path / "not-a-trace.json"
+        not_a_trace.write_text('{"steps": []}')
+        page.locator("#trace-upload input[type=file]").set_input_files(str(not_a_trace))
+        expect(page.locator("[data-testid=toast-body]")).to_contain_text("not an EAGLE Lens trace")
+        _assert_run_still_shown(page, speedup_text)
+        page.locator("#trace-upload button[aria-label=Clear]").click()
         page.locator("#trace-upload input[type=file]").set_input_files(str(trace))
         expect(page.locator("#status")).to_contain_text("replaying uploaded trace")
 

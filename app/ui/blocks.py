@@ -178,6 +178,23 @@ def build_demo(ctx: AppContext, demos: dict[str, str] | None = None) -> gr.Block
 
         return validate
 
+    def precheck(check):
+        """A click's pre-check, an event with no outputs before the event itself (chained with
+        ``.success``; queued, since Gradio shows no message for an error outside the queue, but
+        not behind the engine's worker). A refusal is then only a toast: an error raised by the
+        event itself would mark every one of its outputs as failed and blank the run on the
+        page. The event still makes the same check (for API callers, and for a state that
+        changed in between). For events whose inputs can show a message (generate, the sweep)
+        ``settings_validator`` does this job, closer to the control."""
+
+        def run(*args):
+            try:
+                check(*args)
+            except ValueError as exc:
+                raise gr.Error(str(exc), print_exception=False) from None
+
+        return run
+
     def first_demo(session: Session):
         """On page load: show the first shipped trace, so a visitor sees a demo at once."""
         if not demos:
@@ -284,7 +301,9 @@ def build_demo(ctx: AppContext, demos: dict[str, str] | None = None) -> gr.Block
                                        api_name="generate", validator=settings_validator(0), **engine_events)
         submit_event = prompt.submit(generate, settings + [step_mode, session], run_outputs,
                                      api_visibility="private", validator=settings_validator(0), **engine_events)
-        step_event = step_btn.click(next_step, [session], run_outputs, api_name="step", **engine_events)
+        step_event = step_btn.click(precheck(handlers.check_step), [session], None,
+                                    api_visibility="private").success(
+            next_step, [session], run_outputs, api_name="step", **engine_events)
         explore_event = explore_btn.click(explore, [knob, start, stop_value, count] + settings + [session],
                                           [explorer_plot, explorer_status], api_name="explore",
                                           validator=settings_validator(4), **engine_events)
@@ -295,7 +314,9 @@ def build_demo(ctx: AppContext, demos: dict[str, str] | None = None) -> gr.Block
                      queue=False, preprocess=False)
         slider.input(replay, [session, slider], [stream, tree_plot, phases], api_name="replay",
                      trigger_mode="always_last", preprocess=False)
-        upload.upload(load_trace, [session, upload], run_outputs, api_name="load_trace")
+        upload.upload(precheck(lambda path: handlers.read_trace_file(ctx, path)), [upload], None,
+                      api_visibility="private").success(load_trace, [session, upload], run_outputs,
+                                                        api_name="load_trace")
         demo_btn.click(load_demo, [session, demo_choice], run_outputs, api_name="load_demo", preprocess=False)
         demo.load(first_demo, [session], run_outputs, api_visibility="private")
     demo.queue(max_size=cfg.queue_size, default_concurrency_limit=4)

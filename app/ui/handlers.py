@@ -300,9 +300,14 @@ def step(ctx: AppContext, session: Session):
         yield from _step(ctx, session)
 
 
-def _step(ctx: AppContext, session: Session):
+def check_step(session: Session) -> None:
+    """Raise the message a Step click gets when no step-mode run is paused."""
     if session.stepper is None:
         raise ValueError("Nothing to step: tick 'step mode' and press Generate first.")
+
+
+def _step(ctx: AppContext, session: Session):
+    check_step(session)
     request = session.stepper_request
     ev = ctx.engine_thread.call(next, session.stepper, None)   # one target forward, on the engine thread
     if ev is not None and ev.type == "step":
@@ -376,16 +381,20 @@ def show_trace(session: Session, trace: traces.Trace, name: str) -> dict:
     return final_view(session, f"replaying {name} ({where}) — no model involved.")
 
 
-def load_trace_file(ctx: AppContext, session: Session, path) -> dict:
-    """An uploaded trace: Gradio saved it to a temporary file; check its size before reading."""
+def read_trace_file(ctx: AppContext, path) -> dict:
+    """An uploaded trace, checked and parsed: Gradio saved it to a temporary file; its size is
+    checked before it is read."""
     if not path:
         raise ValueError("Choose a trace file (.json) to load.")
     size = os.path.getsize(path)
     if size > ctx.config.trace_max_bytes:
         raise ValueError(f"trace is {size} bytes; the limit is {ctx.config.trace_max_bytes} bytes")
     with open(path, "rb") as f:
-        trace = traces.parse_trace(f.read(), ctx.config.trace_max_bytes)
-    return show_trace(session, trace, "uploaded trace")
+        return traces.parse_trace(f.read(), ctx.config.trace_max_bytes)
+
+
+def load_trace_file(ctx: AppContext, session: Session, path) -> dict:
+    return show_trace(session, read_trace_file(ctx, path), "uploaded trace")
 
 
 def load_demo(ctx: AppContext, session: Session, demos: dict, name) -> dict:
