@@ -585,3 +585,23 @@ def test_speedup_is_explained_by_its_two_factors(ctx):
     assert text.startswith(f"### Speedup {speedup(steps, session.race_vanilla.steps):.2f}×")
     assert ("so it wins" in text) == (product > 1.0)
     assert handlers.speedup_decomposition([], session.race_vanilla.steps) == ""
+
+
+def test_the_preset_menu_names_the_tree_the_knobs_hold():
+    """After a knob is moved by hand the menu shows the preset the knobs now match (the page's
+    default first, also when a named preset has the same shape), else the custom entry; the
+    custom entry leaves the knobs alone, and every named preset maps back to itself."""
+    from app.ui.requests import AUTO_PRESET, CUSTOM_PRESET, TREE_PRESETS, preset_of, tree_preset
+
+    default = TreeConfig(depth=2, top_k=1, total_tokens=2)
+    assert preset_of(2, 1, 2, default) == AUTO_PRESET
+    assert preset_of(2.0, 1.0, 2.0, default) == AUTO_PRESET            # sliders send floats
+    paper = next(name for name, shape in TREE_PRESETS.items() if shape == (60, 5, 10))
+    assert preset_of(5, 10, 60, default) == paper
+    assert preset_of(5, 10, 59, default) == CUSTOM_PRESET
+    assert preset_of(None, "x", 60, default) == CUSTOM_PRESET
+    for name in TREE_PRESETS:
+        assert preset_of(*tree_preset(name, default), default) == name
+    chain5 = TreeConfig(depth=5, top_k=1, total_tokens=5)                 # default = the chain-of-5 preset
+    assert preset_of(5, 1, 5, chain5) == AUTO_PRESET
+    assert tree_preset(CUSTOM_PRESET, default) is None

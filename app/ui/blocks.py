@@ -21,7 +21,8 @@ import gradio as gr
 from app.engine.config import MAX_DEPTH, MAX_TOP_K
 from app.ui import handlers
 from app.ui.explain import EXAMPLES, HOW_IT_WORKS
-from app.ui.requests import AUTO_PRESET, DEFAULTS, SETTINGS, TREE_KNOBS, TREE_PRESETS, UI_METHODS, tree_preset
+from app.ui.requests import (AUTO_PRESET, CUSTOM_PRESET, DEFAULTS, SETTINGS, TREE_KNOBS, TREE_PRESETS, UI_METHODS,
+                              preset_of, tree_preset)
 from app.ui.session import Session, close_session
 from app.ui.settings import AppContext, ServerConfig, gpu
 from app.viz.style import legend_html
@@ -151,11 +152,17 @@ def build_demo(ctx: AppContext, demos: dict[str, str] | None = None) -> gr.Block
         return _once(lambda: handlers.load_demo(ctx, session, demos, name), RUN_VIEWS)
 
     def choose_preset(name: str):
-        """(depth, top_k, total_tokens) of a named tree (requests.TREE_PRESETS) for the sliders."""
+        """(depth, top_k, total_tokens) of a named tree (requests.TREE_PRESETS) for the sliders;
+        the custom entry leaves them as they are."""
         try:
-            return tree_preset(name, tree0)
+            shape = tree_preset(name, tree0)
         except ValueError as exc:
             raise gr.Error(str(exc), print_exception=False) from None
+        return (gr.skip(),) * 3 if shape is None else shape
+
+    def name_preset(depth: float, top_k: float, total_tokens: float) -> str:
+        """The preset menu's entry after the user moved a knob: the preset it now matches, or custom."""
+        return preset_of(depth, top_k, total_tokens, tree0)
 
     def settings_validator(before: int):
         """Gradio's event validator for an engine event whose request settings (``SETTINGS``)
@@ -226,7 +233,7 @@ def build_demo(ctx: AppContext, demos: dict[str, str] | None = None) -> gr.Block
                 max_new_tokens = gr.Slider(1, cfg.max_new_tokens, value=min(DEFAULTS["max_new_tokens"], cfg.max_new_tokens),
                                            step=1, label="max new tokens", elem_id="max-new-tokens")
                 with gr.Accordion("Tree knobs", open=False):
-                    preset = gr.Dropdown(list(TREE_PRESETS), value=AUTO_PRESET, label="preset (total / depth / top_k)",
+                    preset = gr.Dropdown(list(TREE_PRESETS) + [CUSTOM_PRESET], value=AUTO_PRESET, label="preset (total / depth / top_k)",
                                          info="the fastest tree depends on the hardware: compare them in the race",
                                          elem_id="tree-preset")
                     depth = gr.Slider(1, MAX_DEPTH, value=tree0.depth, step=1, label="depth (draft levels)", elem_id="depth")
@@ -312,6 +319,9 @@ def build_demo(ctx: AppContext, demos: dict[str, str] | None = None) -> gr.Block
         # a preset only moves the sliders: no engine work, so no queue
         preset.input(choose_preset, [preset], [depth, top_k, total_tokens], api_name="tree_preset",
                      queue=False, preprocess=False)
+        for knob_slider in (depth, top_k, total_tokens):   # moved by hand: the menu follows
+            knob_slider.input(name_preset, [depth, top_k, total_tokens], [preset], queue=False, preprocess=False,
+                              api_visibility="private", show_progress="hidden", trigger_mode="always_last")
         slider.input(replay, [session, slider], [stream, tree_plot, phases], api_name="replay",
                      trigger_mode="always_last", preprocess=False)
         upload.upload(precheck(lambda path: handlers.read_trace_file(ctx, path)), [upload], None,

@@ -37,11 +37,17 @@ TREE_PRESETS: dict[str, tuple[int, int, int] | None] = {
 }
 
 
-def tree_preset(name, default: TreeConfig) -> tuple[int, int, int]:
+# What the preset menu shows once the knobs match none of the presets; choosing it keeps them.
+CUSTOM_PRESET = "custom (the knobs as you set them)"
+
+
+def tree_preset(name, default: TreeConfig) -> tuple[int, int, int] | None:
     """(depth, top_k, total_tokens) of the preset ``name``, the knobs' order on the page;
-    the auto preset gives ``default``'s."""
+    the auto preset gives ``default``'s, the custom entry None (leave the knobs alone)."""
+    if name == CUSTOM_PRESET:
+        return None
     if not isinstance(name, str) or name not in TREE_PRESETS:
-        raise ValueError(f"tree preset must be one of {list(TREE_PRESETS)}, got {name!r}")
+        raise ValueError(f"tree preset must be one of {list(TREE_PRESETS) + [CUSTOM_PRESET]}, got {name!r}")
     shape = TREE_PRESETS[name]
     if shape is None:
         return default.depth, default.top_k, default.total_tokens
@@ -60,6 +66,14 @@ def setting_of(exc: ValueError) -> str | None:
     words = str(exc).split(maxsplit=1)
     first = words[0].lower() if words else ""
     return first if first in SETTINGS else None
+
+
+def preset_of(depth, top_k, total_tokens, default: TreeConfig) -> str:
+    """The menu entry for the knobs as they stand: the first preset with this (depth, top_k,
+    total_tokens), the page's default tree first, else ``CUSTOM_PRESET``. So the menu never
+    names a tree the knobs no longer hold."""
+    knobs = (depth, top_k, total_tokens)
+    return next((name for name in TREE_PRESETS if tree_preset(name, default) == knobs), CUSTOM_PRESET)
 
 
 def as_int(name: str, value) -> int:
