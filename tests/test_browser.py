@@ -46,7 +46,13 @@ def _chromium(playwright):
 def url(tiny):
     target, head = tiny
     config = ServerConfig(max_new_tokens=200, update_interval_s=0.25)   # the tiny model is ~100x faster than a real one
-    with _serve(AppContext(Engine(target, head), config, "tiny test model")) as local_url:
+    # autotune's report for the tab "Tree size for this machine": a synthetic one (CPU-like cost
+    # curve, a hand-made calibration); load_context's real choice is tested in test_ui_handlers
+    from app.engine.autotune import choose_from
+    from tests.test_autotune import CPU, big_tree_calibration
+
+    choice = choose_from(CPU, big_tree_calibration()).to_dict()
+    with _serve(AppContext(Engine(target, head), config, "tiny test model", tree_choice=choice)) as local_url:
         yield local_url
 
 
@@ -132,6 +138,11 @@ def test_browser_generate_replay_stop_and_traces(url, tmp_path):
         assert page.locator("#phases").inner_text() != before
         assert _wait_for_tree(page, "step 0:") != last_title
         expect(page.locator("#token-stream .step.current")).to_have_count(1)
+
+        # Why the default tree has its size: the cost curve and the candidates, drawn.
+        page.get_by_role("tab", name="Tree size for this machine").click()
+        expect(page.locator("#tree-size-text")).to_contain_text("Chosen here")
+        page.wait_for_function("document.querySelectorAll('#tree-size-plot .point').length > 10")
 
         # Download the trace, load it back.
         page.get_by_role("tab", name="Traces").click()

@@ -540,13 +540,18 @@ def test_load_context_sizes_the_default_tree_for_this_machine(tiny, tmp_path, mo
     tree = ctx.tree_defaults
     assert any("auto tree: depth" in line for line in lines) and "sized for this machine" in ctx.model_note
     assert f"depth {tree.depth}" in ctx.model_note and f"total_tokens {tree.total_tokens}" in ctx.model_note
-    depth = next(c for c in build_demo(ctx, demos={}).blocks.values() if getattr(c, "elem_id", None) == "depth")
-    assert depth.value == tree.depth
+    blocks = {getattr(c, "elem_id", None): c for c in build_demo(ctx, demos={}).blocks.values()}
+    assert blocks["depth"].value == tree.depth
+    # the tab "Tree size for this machine" shows the report behind the choice
+    assert ctx.tree_choice["tree"]["total_tokens"] == tree.total_tokens
+    assert f"total_tokens {tree.total_tokens}, depth {tree.depth}, top_k {tree.top_k}" in blocks["tree-size-text"].value
+    assert "tree-size-plot" in blocks
     calls = []
     real = autotune.calibrate
     monkeypatch.setattr(autotune, "calibrate", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     again = settings.load_context(ServerConfig(draft_model=str(tmp_path / "head")), log=lines.append)
     assert again.tree_defaults == tree and calls == []
+    assert again.tree_choice == ctx.tree_choice
 
 
 def test_streamed_updates_resend_instead_of_skipping(ctx):

@@ -1,6 +1,7 @@
 """Figure and HTML builders on real step records from the tiny engine (no server)."""
 from __future__ import annotations
 
+import plotly.graph_objects as go
 import pytest
 
 from app.engine.config import TreeConfig
@@ -140,3 +141,42 @@ def test_phase_account_names_the_three_phases(run):
     assert f"one target forward over {len(s.tree) + 1} tokens" in text
     assert f"{len(s.accepted)} draft token" in text
     assert "No step" in phase_account(None)
+
+
+def test_tree_size_figure_and_text_show_autotunes_choice():
+    """The tab "Tree size for this machine": the measured cost curve as measured, every
+    candidate drawn once, the star on the argmax, and the text naming the chosen tree, its
+    predicted speedup and the candidates best first."""
+    from app.engine.autotune import choose_from
+    from app.viz.autotune import choice_figure, choice_markdown
+    from tests.test_autotune import CPU, big_tree_calibration
+
+    choice = choose_from(CPU, big_tree_calibration()).to_dict()
+    fig = choice_figure(choice)
+    go.Figure(fig.to_dict())                                       # valid plotly
+    assert list(fig.data[0].x) == CPU.sizes and list(fig.data[0].y) == CPU.ms
+    star = next(t for t in fig.data if t.name.startswith("chosen"))
+    best = max(choice["candidates"], key=lambda c: c["tokens_per_s"])
+    assert (star.x[0], star.y[0]) == (best["total_tokens"], best["tokens_per_s"])
+    drawn = sum(len(t.x) for t in fig.data[1:] if t is not star)
+    assert drawn == len(choice["candidates"])
+    text = choice_markdown(choice)
+    tree = choice["tree"]
+    assert f"total_tokens {tree['total_tokens']}, depth {tree['depth']}, top_k {tree['top_k']}" in text
+    assert f"**{choice['predicted_speedup']:.2f}×**" in text
+    speeds = [float(row.split("|")[5]) for row in text.splitlines() if row.startswith("| ") and "tokens/s" not in row]
+    assert speeds[:5] == sorted(speeds[:5], reverse=True) and speeds[0] == round(best["tokens_per_s"], 1)
+    assert "use method vanilla" not in text or not choice["beats_vanilla"]
+
+
+def test_tree_size_text_says_when_no_tree_pays():
+    from app.engine.autotune import Calibration, choose_from
+    from app.viz.autotune import choice_markdown
+    from tests.test_autotune import CPU
+
+    never = [[1, 0.5, 0], [2, 0.3, 0]]                              # nothing is ever accepted
+    cal = Calibration(steps=[never, never], draft_ms=[20.0, 20.0], verify_ms=[90.0, 90.0], step_ms=[115.0, 115.0],
+                      vanilla_step_ms=[60.0, 60.0], depth=2, top_k=1, total_tokens=2)
+    choice = choose_from(CPU, cal).to_dict()
+    assert not choice["beats_vanilla"]
+    assert "use method vanilla" in choice_markdown(choice)

@@ -487,6 +487,7 @@ class TreeChoice:
     verify_ms_per_row: float
     candidates: list[Candidate]          # best first
     calibration_steps: int
+    calibration_top_k: int | None = None  # the top_k of every candidate whose own top_k is None
 
     @property
     def beats_vanilla(self) -> bool:
@@ -519,6 +520,7 @@ class TreeChoice:
             "other_ms": self.other_ms,
             "verify_ms_per_row": self.verify_ms_per_row,
             "calibration_steps": self.calibration_steps,
+            "calibration_top_k": self.calibration_top_k,
             "candidates": [asdict(c) for c in self.candidates],
         }
 
@@ -545,7 +547,7 @@ def choose_from(cost: CostCurve, cal: Calibration, base: TreeConfig = TreeConfig
                       predicted_vanilla_tokens_per_s=1000.0 / vanilla_ms, cost_curve=cost,
                       draft_ms_per_level=draft_per_level, other_ms=other, verify_ms_per_row=per_row,
                       candidates=ranked,
-                      calibration_steps=len(cal.steps))
+                      calibration_steps=len(cal.steps), calibration_top_k=cal.top_k)
 
 
 def choose_tree(engine, method: str = "dynamic", base: TreeConfig | None = None, refresh: bool = False,

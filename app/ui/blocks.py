@@ -20,6 +20,7 @@ import gradio as gr
 
 from app.engine.config import MAX_DEPTH, MAX_TOP_K
 from app.ui import handlers
+from app.viz.autotune import choice_figure, choice_markdown
 from app.ui.explain import EXAMPLES, HOW_IT_WORKS
 from app.ui.requests import (AUTO_PRESET, CUSTOM_PRESET, DEFAULTS, SETTINGS, TREE_KNOBS, TREE_PRESETS, UI_METHODS,
                               preset_of, tree_preset)
@@ -100,6 +101,12 @@ def _once(fn, names):
     except ValueError as exc:
         raise gr.Error(str(exc), print_exception=False) from None
 
+
+TREE_SIZE_NOT_MEASURED = (
+    "The page's default tree was not sized for this machine: the server runs without a draft head, or "
+    "with `EAGLE_LENS_AUTO_TREE=0`. With both, it measures the target's forward cost over tree sizes and "
+    "the head's acceptance once, picks the tree with the highest predicted tokens/s, and shows why here "
+    "(`python -m app generate` with method dynamic and no tree knobs prints the same choice).")
 
 # Settings whose controls live in the accordions, which may be closed when a run is refused.
 FOLDED = {**{k: "Tree knobs" for k in TREE_KNOBS}, **{k: "Sampling" for k in ("temperature", "top_p", "seed")}}
@@ -281,6 +288,13 @@ def build_demo(ctx: AppContext, demos: dict[str, str] | None = None) -> gr.Block
                 explore_btn = gr.Button("Run sweep", elem_id="explore-btn")
                 explorer_status = gr.Markdown("", elem_id="explore-status")
                 explorer_plot = gr.Plot(label="Sweep", elem_id="explore-plot")
+            with gr.Tab("Tree size for this machine", elem_id="tree-size-tab"):
+                if ctx.tree_choice is not None:
+                    gr.Markdown(choice_markdown(ctx.tree_choice), elem_id="tree-size-text")
+                    gr.Plot(choice_figure(ctx.tree_choice), label="Cost curve and predicted speed",
+                            elem_id="tree-size-plot")
+                else:
+                    gr.Markdown(TREE_SIZE_NOT_MEASURED, elem_id="tree-size-text")
             with gr.Tab("Traces"):
                 gr.Markdown("Download this run as JSON (settings + every step record), or load one — "
                             "replay needs no model at all.")

@@ -108,6 +108,7 @@ class AppContext:
     model_note: str = ""
     head_missing: str = ""                   # why EAGLE methods are off ("" = they are on)
     tree_defaults: TreeConfig = field(default_factory=TreeConfig)   # the page's initial tree knobs
+    tree_choice: dict | None = None          # autotune's report behind them (TreeChoice.to_dict()), if it ran
     # Every torch computation of the server runs here, one job at a time (see engine_thread.py:
     # one OpenMP team instead of one per thread, and the visitors' runs serialised on the shared
     # model, including the moment after a Stop when the stopped run finishes its last step).
@@ -164,15 +165,17 @@ def _load_context(config: ServerConfig, engine_thread: EngineThread, log) -> App
     # the head's reduced draft vocabulary, when it ships one (drafting only; output is unchanged)
     vocab = load_draft_vocab(head.folder, target.model.config.vocab_size) if head is not None else None
     engine = Engine(target, head, limits=config.limits, draft_vocab=vocab)
-    tree = TreeConfig()
+    tree, choice = TreeConfig(), None
     if head is not None and config.auto_tree:
-        tree, tree_note = auto_tree_defaults(engine, log)
+        tree, tree_note, choice = auto_tree_defaults(engine, log)
         note += f". {tree_note}"
-    return AppContext(engine, config, note, missing, tree_defaults=tree, engine_thread=engine_thread)
+    return AppContext(engine, config, note, missing, tree_defaults=tree, tree_choice=choice,
+                      engine_thread=engine_thread)
 
 
-def auto_tree_defaults(engine, log=print) -> tuple[TreeConfig, str]:
-    """The default EAGLE-2 tree for this machine and a line for the page saying why.
+def auto_tree_defaults(engine, log=print) -> tuple[TreeConfig, str, dict]:
+    """The default EAGLE-2 tree for this machine, a line for the page saying why, and the
+    full report (``TreeChoice.to_dict()``: cost curve, candidates) for the page's tab.
 
     A CPU verifies big trees slowly (a forward over 64 tokens costs ~3.5x one over 1 token
     here), a GPU almost for free, so the best depth / total_tokens depend on the machine and
@@ -187,7 +190,7 @@ def auto_tree_defaults(engine, log=print) -> tuple[TreeConfig, str]:
             f"total_tokens {tree.total_tokens} (predicted {choice.predicted_speedup:.2f}x vanilla)")
     if not choice.beats_vanilla:
         note += " — with this head no tree is predicted to beat plain decoding here"
-    return tree, note
+    return tree, note, choice.to_dict()
 
 
 def gpu(fn):
