@@ -181,3 +181,30 @@ def test_bench_sampled_run(tiny_folders, tmp_path, monkeypatch):
     assert list(table) == ["hf", "vanilla", "chain:4/3/1"]
     assert all(s["identical_to_vanilla"] is None and s["tokens_per_s"] > 0 for s in table.values())
     assert not (out / "plots.html").exists() and doc["meta"]["temperature"] == 1.0
+
+
+def test_bench_auto_tree_reports_its_cost_curve(tiny_folders, tmp_path, monkeypatch):
+    """dynamic:auto decodes with autotune's choice, and the report shows why: the measured
+    cost curve in the markdown, the whole TreeChoice in the JSON, its figure in plots.html."""
+    from app.engine import autotune
+
+    monkeypatch.setenv("EAGLE_LENS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(autotune, "_load_average", lambda: 0.3)
+    monkeypatch.setattr(tiny_suites(tmp_path / "eval"), "EVAL_DIR", tmp_path / "eval")
+    out = tmp_path / "out"
+    rc = app_main(["bench", "--quick", "--suite", "alpha", "--max-new-tokens", "8", "--methods", "vanilla,dynamic:auto",
+                   "--warmup-tokens", "2", "--base-model", str(tiny_folders / "target"),
+                   "--draft-model", str(tiny_folders / "head"), "--device", "cpu", "--out", str(out),
+                   "--plotly-js", "cdn"])
+    assert rc == 0
+    doc = json.loads((out / "results.json").read_text())
+    report = doc["meta"]["auto_tree_report"]
+    chosen = doc["summary"]["alpha"]["dynamic:auto"]["tree"]
+    assert chosen == {k: report["tree"][k] for k in ("total_tokens", "depth", "top_k")}
+    best = report["candidates"][0]
+    assert best["tokens_per_s"] == max(c["tokens_per_s"] for c in report["candidates"])
+    curve = report["cost_curve"]
+    md = (out / "results.md").read_text()
+    assert "measured forward cost T(n): " + ", ".join(
+        f"{n}: {ms:.0f} ms" for n, ms in zip(curve["sizes"], curve["ms"])) in md
+    assert "auto tree: why this size" in (out / "plots.html").read_text()

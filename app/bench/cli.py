@@ -130,7 +130,7 @@ def run_benchmark(engine, args, suites, specs, sampling) -> int:
     out.mkdir(parents=True, exist_ok=True)
     prompts = [p for s in suites for p in load_suite(s, args.limit or None)]
 
-    auto_text = None
+    auto_text, auto_report = None, None
     for i, spec in enumerate(specs):
         if spec.auto:
             from dataclasses import replace
@@ -142,6 +142,7 @@ def run_benchmark(engine, args, suites, specs, sampling) -> int:
             tree, choice = choose_tree(engine, base=spec.tree)
             specs[i] = replace(spec, tree=tree)
             auto_text = f"{spec.label}: {choice.summary()}"
+            auto_report = choice.to_dict()       # the cost curve and every candidate, for the JSON and plots
             print(f"[bench] {auto_text}", file=sys.stderr, flush=True)
 
     fp32_target = None
@@ -182,6 +183,7 @@ def run_benchmark(engine, args, suites, specs, sampling) -> int:
         "target": engine.target.name, "head": head or "none (no tree method)",
         "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "seed": args.seed,
         "suites": suites, "limit": args.limit, "methods": [s.label for s in specs], "auto_tree": auto_text,
+        "auto_tree_report": auto_report,
         "torch": torch.__version__,
     }
     summary = report.aggregate(records, specs, greedy=sampling.greedy)
@@ -192,7 +194,7 @@ def run_benchmark(engine, args, suites, specs, sampling) -> int:
     if args.plotly_js != "none":
         from app.bench.plots import write_plots
 
-        write_plots(summary, out / "plots.html", args.plotly_js)
+        write_plots(summary, out / "plots.html", args.plotly_js, tree_choice=auto_report)
     print(text)
     print(f"[bench] wrote {out}/results.md, results.json" + (", plots.html" if args.plotly_js != "none" else ""),
           file=sys.stderr)

@@ -42,8 +42,14 @@ def acceptance_figure(summary: dict):
     return fig
 
 
-def write_plots(summary: dict, path: Path, plotly_js: str = "inline") -> Path:
+def write_plots(summary: dict, path: Path, plotly_js: str = "inline", tree_choice: dict | None = None) -> Path:
+    """The speedup and acceptance figures, and with ``tree_choice`` (the auto tree's
+    ``TreeChoice.to_dict()``) the measured cost curve and every candidate's prediction."""
     figs = [speedup_figure(summary), acceptance_figure(summary)]
+    if tree_choice is not None:
+        from app.viz.autotune import choice_figure
+
+        figs.append(choice_figure(tree_choice).update_layout(title="auto tree: why this size"))
     parts = [fig.to_html(full_html=False, include_plotlyjs=(plotly_js if i == 0 else False))
              for i, fig in enumerate(figs)]
     html = ("<!doctype html><html><head><meta charset='utf-8'><title>EAGLE Lens benchmark</title></head>"

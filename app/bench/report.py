@@ -127,6 +127,12 @@ def markdown_report(summary: dict, meta: dict) -> str:
                  f"methods interleaved prompt by prompt after a warm-up ({meta['started']}, {meta['wall_s']:.0f} s)")
     if meta.get("auto_tree"):
         lines.append(f"- {meta['auto_tree']}")
+    report = meta.get("auto_tree_report")
+    if report:
+        curve = report["cost_curve"]
+        lines.append("- the auto tree's measured forward cost T(n): " + ", ".join(
+            f"{n}: {ms:.0f} ms" for n, ms in zip(curve["sizes"], curve["ms"]))
+            + " (every candidate's prediction: `meta.auto_tree_report` in results.json, and plots.html)")
     for suite, table in summary.items():
         lines += ["", f"## {suite}", "", markdown_table(table)]
         if "hf-fp32" in table:
