@@ -63,10 +63,12 @@ def wants_auto_tree(args) -> bool:
 
 def auto_tree(engine, base: TreeConfig) -> TreeConfig:
     """The hardware-aware tree (app.engine.autotune), announced on stderr with its reasons."""
-    from app.engine.autotune import choose_tree
+    from app.engine.autotune import choose_tree, cost_curve_text
 
     tree, report = choose_tree(engine, base=base, progress=lambda m: print(f"[auto] {m}", file=sys.stderr, flush=True))
     print(f"[auto] {report.summary()}", file=sys.stderr, flush=True)
+    print(f"[auto] measured forward cost T(n), n query tokens: "
+          f"{cost_curve_text(report.cost_curve.sizes, report.cost_curve.ms)}", file=sys.stderr, flush=True)
     if not report.beats_vanilla:
         print("[auto] note: with this head on this machine vanilla decoding is predicted to be faster; "
               "decoding with the tree anyway, as asked (--method vanilla for the baseline)", file=sys.stderr, flush=True)

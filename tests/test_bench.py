@@ -208,3 +208,20 @@ def test_bench_auto_tree_reports_its_cost_curve(tiny_folders, tmp_path, monkeypa
     assert "measured forward cost T(n): " + ", ".join(
         f"{n}: {ms:.0f} ms" for n, ms in zip(curve["sizes"], curve["ms"])) in md
     assert "auto tree: why this size" in (out / "plots.html").read_text()
+
+
+def test_generate_cli_auto_tree_prints_its_choice_and_cost_curve(tiny_folders, tmp_path, capsys, monkeypatch):
+    """`python -m app generate` with method dynamic and no tree knobs sizes the tree for this
+    machine and says so on stderr, with the measured T(n) it chose from."""
+    from app.engine import autotune
+
+    monkeypatch.setenv("EAGLE_LENS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(autotune, "_load_average", lambda: 0.3)
+    rc = app_main(["generate", "--prompt", "w5 w17 w33", "--max-new-tokens", "6", "--raw",
+                   "--base-model", str(tiny_folders / "target"), "--draft-model", str(tiny_folders / "head"),
+                   "--device", "cpu"])
+    assert rc == 0
+    err = capsys.readouterr().err
+    assert "[auto] auto tree: depth" in err
+    line = next(x for x in err.splitlines() if x.startswith("[auto] measured forward cost T(n)"))
+    assert line.split(": ", 1)[1].startswith("1: ") and " ms, 2: " in line

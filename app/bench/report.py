@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from app.bench.runners import MethodSpec, RunRecord
+from app.engine.autotune import cost_curve_text
 
 ALL = "all"   # the pseudo-suite pooling every suite of the run
 
@@ -130,9 +131,8 @@ def markdown_report(summary: dict, meta: dict) -> str:
     report = meta.get("auto_tree_report")
     if report:
         curve = report["cost_curve"]
-        lines.append("- the auto tree's measured forward cost T(n): " + ", ".join(
-            f"{n}: {ms:.0f} ms" for n, ms in zip(curve["sizes"], curve["ms"]))
-            + " (every candidate's prediction: `meta.auto_tree_report` in results.json, and plots.html)")
+        lines.append("- the auto tree's measured forward cost T(n): " + cost_curve_text(curve["sizes"], curve["ms"])
+                     + " (every candidate's prediction: `meta.auto_tree_report` in results.json, and plots.html)")
     for suite, table in summary.items():
         lines += ["", f"## {suite}", "", markdown_table(table)]
         if "hf-fp32" in table:

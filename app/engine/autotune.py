@@ -267,6 +267,11 @@ def forward_cost_curve(target, sizes=DEFAULT_SIZES, refresh: bool = False, **kw)
     return curve
 
 
+def cost_curve_text(sizes, ms) -> str:
+    """T(n) in one line, for logs and reports: "1: 28 ms, 2: 29 ms, ..." (n query tokens: ms)."""
+    return ", ".join(f"{n}: {t:.0f} ms" for n, t in zip(sizes, ms))
+
+
 # --- tau(d, N): what the head gets accepted -----------------------------------------------------
 
 @dataclass
