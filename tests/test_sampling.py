@@ -101,11 +101,13 @@ def first_tokens_histogram(engine, tree, n_runs, temperature=1.0, n_tokens=2):
     return counts
 
 
-@pytest.mark.parametrize("method", ["dynamic", "chain"])
-def test_end_to_end_sampling_matches_the_target(tiny, method):
+@pytest.mark.parametrize("method, top_k", [("dynamic", 4), ("chain", 4), ("dynamic", 1)],
+                         ids=["dynamic", "chain", "dynamic-one-wide"])
+def test_end_to_end_sampling_matches_the_target(tiny, method, top_k):
     """The joint distribution of the first two sampled tokens: speculative vs vanilla, on a
     real tiny model. The exact joint is computed from the model itself and both samplers are
-    compared with it (TV bound stated below)."""
+    compared with it (TV bound stated below). A dynamic tree with top_k 1 is a chain, drafted
+    by sampling from q (TreeConfig.samples_drafts): it must be exact too."""
     target, head = tiny
     engine = Engine(target, head)
     prompt = [5, 17, 33, 90, 4]
@@ -119,12 +121,15 @@ def test_end_to_end_sampling_matches_the_target(tiny, method):
             for b in torch.topk(p2, 6).indices.tolist():
                 exact[(a, b)] = float(p1[a] * p2[b])
     n = 1500
-    spec = first_tokens_histogram(engine, TreeConfig(method=method, depth=3, top_k=4, total_tokens=12), n, temperature)
+    spec = first_tokens_histogram(engine, TreeConfig(method=method, depth=3, top_k=top_k, total_tokens=12), n,
+                                  temperature)
     # TV restricted to the top pairs; the sampling noise of n = 1500 over ~36 cells is ~0.05
     err = 0.5 * sum(abs(spec.get(k, 0) / n - v) for k, v in exact.items())
     assert err < 0.08, err
     # and the draft must matter: some runs accept draft tokens
-    *steps, _ = engine.generate(prompt_ids=prompt, tree=TreeConfig(method=method), sampling=SamplingConfig(temperature=1.0, seed=3), max_new_tokens=30)
+    wide = TreeConfig(method=method) if top_k > 1 else TreeConfig(method=method, top_k=1)   # default widths
+    *steps, _ = engine.generate(prompt_ids=prompt, tree=wide, sampling=SamplingConfig(temperature=1.0, seed=3),
+                                max_new_tokens=30)
     assert sum(len(s.accepted) for s in steps) > 0
 
 
@@ -136,3 +141,27 @@ def test_seeded_runs_replay_exactly(tiny):
     a = list(engine.generate(prompt_ids=[5, 6, 7], tree=cfg, sampling=s, max_new_tokens=30))[-1]
     b = list(engine.generate(prompt_ids=[5, 6, 7], tree=cfg, sampling=s, max_new_tokens=30))[-1]
     assert a.token_ids == b.token_ids
+
+
+def test_a_one_wide_dynamic_tree_samples_its_drafts_like_a_chain(tiny):
+    """Under sampling, dynamic with top_k 1 drafts by sampling from q and verifies by
+    speculative sampling, the chain method's path: same seed, same tokens and trees. Greedy,
+    it drafts q's argmax as before (identical to vanilla greedy)."""
+    target, head = tiny
+    engine = Engine(target, head)
+    prompt = [5, 17, 33, 90, 4]
+    sampled = SamplingConfig(temperature=1.0, seed=7)
+    runs = {}
+    for method in ("dynamic", "chain"):
+        *steps, summary = engine.generate(prompt_ids=prompt, tree=TreeConfig(method=method, depth=3, top_k=1,
+                                                                             total_tokens=3),
+                                          sampling=sampled, max_new_tokens=40)
+        runs[method] = (summary.token_ids, [s.tree.tokens for s in steps])
+    assert runs["dynamic"] == runs["chain"]
+    assert TreeConfig(method="dynamic", top_k=1).samples_drafts(sampled)
+    assert not TreeConfig(method="dynamic", top_k=2).samples_drafts(sampled)
+    assert not TreeConfig(method="dynamic", top_k=1).samples_drafts(SamplingConfig())
+    *_, greedy = engine.generate(prompt_ids=prompt, tree=TreeConfig(method="dynamic", depth=3, top_k=1, total_tokens=3),
+                                 max_new_tokens=40)
+    *_, plain = engine.generate(prompt_ids=prompt, tree=TreeConfig(method="vanilla"), max_new_tokens=40)
+    assert greedy.token_ids == plain.token_ids

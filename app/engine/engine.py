@@ -208,7 +208,7 @@ class Engine:
         children = tree.children()
         if sampling.greedy:
             path, bonus = verify.greedy_verify(logits, tree.tokens, children)
-        elif tree_cfg.method == "chain":
+        elif tree_cfg.samples_drafts(sampling):      # a chain drafted by sampling from q
             path, bonus = verify.chain_verify(p, draft_q, tree.tokens, run.generator)
         else:
             path, bonus = verify.sequential_verify(p, tree.tokens, children, run.generator)
@@ -262,7 +262,7 @@ class Engine:
         node_feature: dict[int, torch.Tensor] = {}   # node -> its predicted feature (H,)
         node_slot: dict[int, int] = {}               # node -> its entry in the head's cache
         k = proposals_needed(cfg)
-        sampled_chain = cfg.method == "chain" and not sampling.greedy
+        sampled_chain = cfg.samples_drafts(sampling)
         chain_q: list[torch.Tensor] = []
 
         def propose(tree: DraftTree, frontier: list[int], depth: int):
@@ -288,11 +288,13 @@ class Engine:
             draft_logits = self._draft_logits(feats)                                        # (F, V or Vd)
             if sampled_chain:
                 q = verify.logits_to_probs(draft_logits, sampling)[0]                           # (V or Vd,)
+                j = verify.sample(q, run.generator)        # drawn over the draft vocabulary: no 49k-way draw
+                tok = j if self.draft_vocab is None else int(self.draft_vocab[j])
+                q_j = float(q[j])
                 if self.draft_vocab is not None:   # q over the full vocabulary, 0 outside the draft set
                     q = torch.zeros(self.lm_head.weight.shape[0], device=device).index_copy_(0, self.draft_vocab, q)
-                tok = verify.sample(q, run.generator)
                 chain_q.append(q)
-                return [[float(q[tok])]], [[tok]]
+                return [[q_j]], [[tok]]
             # q of the k best children: exp(logit - logsumexp), no full softmax written
             top = torch.topk(draft_logits, min(k, draft_logits.shape[-1]), dim=-1)
             q_top = torch.exp(top.values.float() - torch.logsumexp(draft_logits.float(), dim=-1, keepdim=True))
