@@ -180,3 +180,35 @@ def test_tree_size_text_says_when_no_tree_pays():
     choice = choose_from(CPU, cal).to_dict()
     assert not choice["beats_vanilla"]
     assert "use method vanilla" in choice_markdown(choice)
+
+
+def test_phase_account_explains_each_checked_node_by_the_rule_in_force(tiny):
+    """Greedy: every checked node is the target's top token (kept) or not (refused, with the
+    token the target chose); sampled chains: min(1, p/q) in the step's own numbers."""
+    from app.engine.config import SamplingConfig
+    from app.viz.phases import acceptance_rule
+
+    target, head = tiny
+    engine = Engine(target, head)
+    *steps, _ = engine.generate(prompt_ids=[5, 17, 33, 90], max_new_tokens=40,      # small trees: all explained
+                                tree=TreeConfig(depth=2, top_k=2, total_tokens=4))
+    step = next(s for s in steps if "rejected" in s.tree.status and "accepted" in s.tree.status)
+    text = phase_account(step, len(steps))
+    assert "**Why** (greedy)" in text
+    lines = [x for x in text.splitlines() if x.startswith("- `")]
+    tree = step.tree
+    assert len(lines) == len(tree) - tree.status.count("unreached")
+    assert sum(x.endswith("✓") for x in lines) == len(step.accepted)
+    refused = [x for x in lines if x.endswith("✗")]
+    assert len(refused) == tree.status.count("rejected")
+    assert all("not the target's top token" in x for x in refused)
+    *chain_steps, _ = engine.generate(prompt_ids=[5, 17, 33, 90, 4], tree=TreeConfig(method="dynamic", depth=3, top_k=1,
+                                                                                     total_tokens=3),
+                                      sampling=SamplingConfig(temperature=1.0, seed=5), max_new_tokens=30)
+    checked = next(s for s in chain_steps if s.tree and "rejected" in s.tree.status)
+    why = acceptance_rule(checked, sampled=True)
+    assert "min(1, p/q)" in why
+    i = checked.tree.status.index("rejected")
+    expected = min(1.0, checked.tree.p[i] / checked.tree.q[i])
+    assert f"min(1, p/q) = {expected:.2f} ✗" in why
+    assert acceptance_rule(checked, sampled=False).startswith("**Why** (greedy)")

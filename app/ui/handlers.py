@@ -64,8 +64,14 @@ def live_view(session: Session, status: str, vanilla_steps: list[StepEvent] | No
             # cost the engine ~10% of its speed at 4 updates/s. The run's first view sets the
             # slider's range once (``_first_view``), the final view shrinks it to the steps made.
             "slider": max(len(steps) - 1, 0),
-            "phases": phase_account(last, len(steps)),
+            "phases": phase_account(last, len(steps), _sampled(session)),
             "race": race_figure(steps, vanilla_steps, eagle_label=session.settings.get("method", "EAGLE"))}
+
+
+def _sampled(session: Session) -> bool:
+    """Whether the run on screen sampled (temperature > 0): its acceptance rule differs."""
+    temperature = session.settings.get("temperature", 0.0)
+    return isinstance(temperature, (int, float)) and temperature > 0
 
 
 def _identical_note(session: Session) -> str:
@@ -144,7 +150,7 @@ def final_view(session: Session, status: str) -> dict:
             "race": race_figure(steps, session.race_vanilla.steps if session.race_vanilla else None,
                                 eagle_label=session.settings.get("method", "EAGLE")),
             "slider": (max(last, 0), max(last, 0)),
-            "phases": phase_account(steps[-1] if steps else None, len(steps)),
+            "phases": phase_account(steps[-1] if steps else None, len(steps), _sampled(session)),
             "depth": depth_figure(steps), "calibration": calibration_figure(steps),
             "per_step": tokens_per_step_figure(steps)}
     return view
@@ -159,7 +165,7 @@ def replay_view(session: Session, index) -> dict:
         raise ValueError(f"step must be a number, got {index!r}")
     i = int(min(max(int(index), 0), len(steps) - 1))
     return {"stream": stream_html(steps, upto=i, highlight=i), "tree": tree_figure(steps[i]),
-            "phases": phase_account(steps[i], len(steps))}
+            "phases": phase_account(steps[i], len(steps), _sampled(session))}
 
 
 # --- running the engine ----------------------------------------------------------------------
