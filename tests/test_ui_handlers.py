@@ -610,3 +610,22 @@ def test_the_preset_menu_names_the_tree_the_knobs_hold():
     chain5 = TreeConfig(depth=5, top_k=1, total_tokens=5)                 # default = the chain-of-5 preset
     assert preset_of(5, 1, 5, chain5) == AUTO_PRESET
     assert tree_preset(CUSTOM_PRESET, default) is None
+
+
+def test_record_writes_the_chosen_demo_with_its_sampling(tiny, tmp_path, monkeypatch):
+    """`python -m app.ui.record --only chat --temperature 0.8 --name ...` (how the sampled demo
+    was made): one valid trace, named as asked, whose settings say it sampled."""
+    from app.engine import loading
+    from app.ui import record
+
+    target, head = tiny
+    head.save(tmp_path / "head")
+    monkeypatch.setattr(loading, "load_target", lambda *a, **k: target)
+    monkeypatch.setenv("EAGLE_LENS_DRAFT_MODEL", str(tmp_path / "head"))
+    out = tmp_path / "traces"
+    assert record.main(["--out", str(out), "--only", "chat", "--temperature", "0.8", "--seed", "1", "--name",
+                        "6-chat-sampled", "--max-new-tokens", "8", "--depth", "2", "--top-k", "1",
+                        "--total-tokens", "2"]) == 0
+    assert [p.name for p in out.iterdir()] == ["6-chat-sampled.json"]
+    trace = traces.parse_trace((out / "6-chat-sampled.json").read_bytes(), 10**7)
+    assert trace.settings["temperature"] == 0.8 and trace.settings["top_k"] == 1 and trace.steps

@@ -33,18 +33,29 @@ def main(argv=None) -> int:
     p.add_argument("--total-tokens", type=int, default=24)
     p.add_argument("--head-label", default=None,
                    help="how the trace names the draft head (e.g. 'untrained placeholder'); default: its source")
+    # 6-chat-sampled: `--only chat --temperature 0.8 --seed 1 --name 6-chat-sampled --depth 2 --top-k 1
+    # --total-tokens 2`, to show sampled verification (a chain drafted from q, min(1, p/q)) in the step account
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--only", default=None, help="record only this example category (chat, code, math, summary)")
+    p.add_argument("--name", default=None, help="file name (without .json) for the one trace of --only")
     args = p.parse_args(argv)
+    if args.name and not args.only:
+        p.error("--name needs --only (it names one trace)")
     ctx = load_context(replace(ServerConfig.from_env(), auto_tree=False))   # the tree comes from the flags
     if not ctx.has_head:
         print(f"error: {ctx.head_missing}", file=sys.stderr)
         return 2
     os.makedirs(args.out, exist_ok=True)
     for i, (category, prompt) in enumerate(EXAMPLES, 1):
+        if args.only and category != args.only:
+            continue
         session = Session()
         view = list(handlers.generate(ctx, session, prompt=prompt, method=args.method,
-                                      max_new_tokens=args.max_new_tokens, temperature=0.0, depth=args.depth,
-                                      top_k=args.top_k, total_tokens=args.total_tokens))[-1]
-        dest = os.path.join(args.out, f"{i}-{category}.json")
+                                      max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                      seed=args.seed, depth=args.depth, top_k=args.top_k,
+                                      total_tokens=args.total_tokens))[-1]
+        dest = os.path.join(args.out, f"{args.name or f'{i}-{category}'}.json")
         with open(view["trace_file"], encoding="utf-8") as f:
             data = json.load(f)
         if args.head_label:
