@@ -87,3 +87,22 @@ def test_missing_folder_and_files(tiny, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(head_config_for(target.model.config).to_dict()))
     with pytest.raises(FileNotFoundError, match="model.safetensors"):
         load_draft_head(str(tmp_path), target)
+
+
+@pytest.mark.parametrize("mark", ["keys", "architecture"])
+def test_an_eagle3_head_is_named_as_such(tiny, tmp_path, mark):
+    """An EAGLE-3 checkpoint (midlayer, d2t/t2d, or an Eagle3 architecture name) is refused with
+    a message that says what it is and what to use instead, not a list of missing keys."""
+    target, _ = saved_head(tiny, tmp_path)
+    path = tmp_path / "model.safetensors"
+    state = load_file(path)
+    if mark == "keys":
+        state = {k.replace("layers.0.", "midlayer."): v for k, v in state.items()}
+        state["d2t"] = torch.zeros(8, dtype=torch.long)
+        save_file(state, str(path))
+    else:
+        config = json.loads((tmp_path / "config.json").read_text())
+        config["architectures"] = ["LlamaForCausalLMEagle3"]
+        (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="is an EAGLE-3 head.*EAGLE-1/2 heads"):
+        load_draft_head(str(tmp_path), target)

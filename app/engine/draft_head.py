@@ -117,6 +117,12 @@ class DraftHead(nn.Module):
         config = LlamaConfig.from_dict(raw)
         config.bias = bool(raw.get("bias", True))
         state = read_state_dict(folder)
+        if _is_eagle3(raw, state):
+            raise ValueError(
+                f"draft head {folder} is an EAGLE-3 head (it reads several target layers through its "
+                "'midlayer' and drafts over its own vocabulary, mapped by d2t/t2d): EAGLE Lens runs "
+                "EAGLE-1/2 heads, which read the target's last hidden state, e.g. "
+                "yuhuili/EAGLE-LLaMA3-Instruct-8B for Meta-Llama-3-8B-Instruct")
         head = cls(config, with_embeddings="embed_tokens.weight" in state)
         for key in _DERIVED_KEYS:
             state.pop(key, None)
@@ -138,6 +144,13 @@ class DraftHead(nn.Module):
                                  f"config expects {tuple(own[key].shape)}")
         head.load_state_dict(state, strict=True)
         return head.to(device=device, dtype=dtype).eval()
+
+
+def _is_eagle3(config: dict, state: dict) -> bool:
+    """An EAGLE-3 checkpoint (2503.01840's layout): its architecture name, the draft-to-target
+    vocabulary maps or the two-input decoder layer ``midlayer``."""
+    named = any("eagle3" in str(a).lower() for a in config.get("architectures") or [])
+    return named or "d2t" in state or "t2d" in state or any(k.startswith("midlayer.") for k in state)
 
 
 def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
