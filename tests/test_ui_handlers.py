@@ -375,6 +375,11 @@ def test_explorer_sweeps_a_knob(ctx):
     skipped = list(handlers.explore(ctx, Session(), "tau_low", 0.2, 0.9, 2, **{**BASE, "max_new_tokens": 8,
                                                                                "method": "threshold"}))
     assert "Skipped" in skipped[-1]["explorer_status"]     # tau_low 0.9 > tau_high 0.5
+    # the temperature sweeps too: greedy at 0 (tau above 1 with this head), then sampled runs;
+    # a value above the page's cap is skipped with its reason
+    temps = list(handlers.explore(ctx, Session(), "temperature", 0.0, 3.0, 3, **{**BASE, "max_new_tokens": 12}))
+    fig = temps[-1]["explorer_plot"]
+    assert list(fig.data[0].x) == [0.0, 1.5] and "Skipped: temperature=3.0" in temps[-1]["explorer_status"]
     with pytest.raises(ValueError, match="knob"):
         next(handlers.explore(ctx, Session(), "__class__", 1, 2, 2, **BASE))
     with pytest.raises(ValueError, match="count"):

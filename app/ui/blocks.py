@@ -20,12 +20,12 @@ import gradio as gr
 
 from app.engine.config import MAX_DEPTH, MAX_TOP_K
 from app.ui import handlers
-from app.viz.autotune import choice_figure, choice_markdown
 from app.ui.explain import EXAMPLES, HOW_IT_WORKS
-from app.ui.requests import (AUTO_PRESET, CUSTOM_PRESET, DEFAULTS, SETTINGS, TREE_KNOBS, TREE_PRESETS, UI_METHODS,
-                              preset_of, tree_preset)
+from app.ui.requests import (AUTO_PRESET, CUSTOM_PRESET, DEFAULTS, SETTINGS, SWEEP_KNOBS, TREE_KNOBS, TREE_PRESETS,
+                              UI_METHODS, preset_of, tree_preset)
 from app.ui.session import Session, close_session
 from app.ui.settings import AppContext, ServerConfig, gpu
+from app.viz.autotune import choice_figure, choice_markdown
 from app.viz.style import legend_html
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -278,10 +278,11 @@ def build_demo(ctx: AppContext, demos: dict[str, str] | None = None) -> gr.Block
                     calibration_plot = gr.Plot(label="Calibration", elem_id="calibration-plot")
                     per_step_plot = gr.Plot(label="Tokens per step", elem_id="per-step-plot")
             with gr.Tab("Threshold explorer"):
-                gr.Markdown("Run the prompt once per value of one knob (other settings as above, "
-                            f"at most {cfg.explore_max_new_tokens} tokens per run) and compare.")
+                gr.Markdown("Run the prompt once per value of one knob, a tree knob or the temperature "
+                            f"(other settings as above, at most {cfg.explore_max_new_tokens} tokens per run) "
+                            "and compare.")
                 with gr.Row():
-                    knob = gr.Dropdown(list(TREE_KNOBS), value="total_tokens", label="knob", elem_id="explore-knob")
+                    knob = gr.Dropdown(list(SWEEP_KNOBS), value="total_tokens", label="knob", elem_id="explore-knob")
                     start = gr.Number(8, label="from", elem_id="explore-start")
                     stop_value = gr.Number(48, label="to", elem_id="explore-stop")
                     count = gr.Slider(2, cfg.explore_max_values, value=4, step=1, label="values", elem_id="explore-count")

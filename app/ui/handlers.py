@@ -25,7 +25,8 @@ from app.engine.config import TreeConfig
 from app.engine.events import StepEvent
 from app.ui import traces
 from app.ui.pump import BackgroundRun
-from app.ui.requests import INT_KNOBS, TREE_KNOBS, Request, build_request, setting_of
+from app.ui.requests import (INT_KNOBS, MAX_TEMPERATURE, SWEEP_KNOBS, TREE_KNOBS, Request, build_request,
+                              setting_of)
 from app.ui.session import Session, VanillaRun
 from app.ui.settings import AppContext
 from app.viz.insights import calibration_figure, depth_figure, explorer_figure, tokens_per_step_figure
@@ -416,8 +417,8 @@ def load_demo(ctx: AppContext, session: Session, demos: dict, name) -> dict:
 
 def sweep_values(knob: str, start, stop, count, max_values: int) -> list:
     """The values to try: ``count`` evenly spaced in [start, stop], integers for integer knobs."""
-    if knob not in TREE_KNOBS:
-        raise ValueError(f"knob must be one of {', '.join(TREE_KNOBS)}, got {knob!r}")
+    if knob not in SWEEP_KNOBS:
+        raise ValueError(f"knob must be one of {', '.join(SWEEP_KNOBS)}, got {knob!r}")
     from app.ui.requests import as_float, as_int
 
     start, stop = as_float("start", start), as_float("stop", stop)
@@ -431,7 +432,8 @@ def sweep_values(knob: str, start, stop, count, max_values: int) -> list:
 
 
 def explore(ctx: AppContext, session: Session, knob, start, stop, count, **raw):
-    """Run the prompt once per value of one knob; plot τ and tokens/s against it."""
+    """Run the prompt once per value of one knob (a tree knob or the temperature); plot τ and
+    tokens/s against it."""
     request = parse(ctx, raw)
     if not request.tree.uses_draft:
         raise ValueError("The threshold explorer varies tree knobs: choose an EAGLE method, not vanilla.")
@@ -455,13 +457,19 @@ def _explore(ctx: AppContext, session: Session, knob: str, request: Request, val
         if session.stop_requested:
             yield {"explorer_status": f"stopped after {len(results)} of {len(values)} values."}
             return
+        tree, sampling = request.tree, request.sampling
         try:
-            tree = replace(request.tree, **{knob: value})
+            if knob == "temperature":
+                if value > MAX_TEMPERATURE:
+                    raise ValueError(f"temperature must be at most {MAX_TEMPERATURE:g} here")
+                sampling = replace(sampling, temperature=value)
+            else:
+                tree = replace(tree, **{knob: value})
         except ValueError as exc:
             skipped.append(f"{knob}={value}: {exc}")
             continue
         yield {"explorer_status": f"running {knob} = {value} ({i + 1}/{len(values)}, {n} tokens each)…"}
-        events = ctx.engine.generate(request.prompt, tree=tree, sampling=request.sampling, max_new_tokens=n)
+        events = ctx.engine.generate(request.prompt, tree=tree, sampling=sampling, max_new_tokens=n)
         summary = ctx.engine_thread.call(_run_to_summary, events)
         results.append({"value": value, "mean_accepted": summary.mean_accepted, "tokens_per_s": summary.tokens_per_s})
         yield {"explorer_plot": explorer_figure(knob, results)}

@@ -18,6 +18,11 @@ TREE_KNOBS = ("depth", "top_k", "total_tokens", "tau_high", "tau_low", "min_conf
 INT_KNOBS = {"depth", "top_k", "total_tokens", "max_new_tokens", "seed"}
 UI_METHODS = ("dynamic", "static", "chain", "threshold", "vanilla")
 
+# What the explorer can sweep: every tree knob, and the sampling temperature (how acceptance
+# falls as the target's and the draft's distributions flatten).
+SWEEP_KNOBS = TREE_KNOBS + ("temperature",)
+MAX_TEMPERATURE = 2.0   # the page's cap (build_request)
+
 # The settings of a request, in the order the page's generate event takes them.
 SETTINGS = ("prompt", "method", "max_new_tokens", "temperature", "top_p", "seed") + TREE_KNOBS
 
@@ -128,6 +133,6 @@ def build_request(limits, *, prompt, method, max_new_tokens, temperature, top_p=
                       min_confidence=as_float("min_confidence", min_confidence))
     sampling = SamplingConfig(temperature=as_float("temperature", temperature),
                               top_p=as_float("top_p", top_p), seed=as_int("seed", seed))
-    if sampling.temperature > 2.0:
-        raise ValueError(f"temperature must be a number in [0, 2] here, got {sampling.temperature}")
+    if sampling.temperature > MAX_TEMPERATURE:
+        raise ValueError(f"temperature must be a number in [0, {MAX_TEMPERATURE:g}] here, got {sampling.temperature}")
     return Request(prompt=prompt, tree=tree, sampling=sampling, max_new_tokens=n)
