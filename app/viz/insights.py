@@ -86,7 +86,8 @@ def explorer_figure(knob: str, results: list[dict], height: int = 320) -> go.Fig
                   xaxis=dict(title=knob), yaxis=dict(title="tokens/s", rangemode="tozero"),
                   yaxis2=dict(title="mean accepted tokens / step", overlaying="y", side="right",
                               rangemode="tozero"),
-                  legend=dict(x=0.01, y=0.99))
+                  legend=dict(orientation="h", x=0.99, xanchor="right", y=1.12),
+                  margin=dict(l=50, r=60, t=36, b=40))
     if not results:
         return fig
     xs = [r["value"] for r in results]
