@@ -38,8 +38,8 @@ confidence thresholds τ_high / τ_low), and `vanilla` (no draft, one token per 
 accepts each with its own probability of that token, trying siblings in turn. A tree one node
 wide (`chain`, or `dynamic` with top_k = 1, the size a small CPU affords) instead *samples* each
 guess from the draft's `q` and accepts it with probability min(1, p/q): when q is close to p
-that accepts far more often (here, at temperature 1, 0.43 against 0.25 at depth 1). Both rules
-keep the output distributed exactly as the target's.
+that accepts far more often (here, at temperature 1 over six prompt sets, 0.47 against 0.25 at
+depth 1). Both rules keep the output distributed exactly as the target's.
 
 **Speed race:** after your run the same prompt is decoded by vanilla decoding of the same model
 on the same machine — one after the other, never at the same time, so neither timing is
