@@ -14,6 +14,7 @@ closes the engine's iterator: generation ends after the current step).
 """
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import gradio as gr
@@ -69,6 +70,16 @@ def _plain(name: str, value):
     return value[1] if name == "slider" and isinstance(value, tuple) else value
 
 
+@contextlib.contextmanager
+def page_errors():
+    """A ``ValueError`` (a refused request: its message names the setting) becomes a
+    ``gr.Error``, the message Gradio shows on the page, without a server traceback."""
+    try:
+        yield
+    except ValueError as exc:
+        raise gr.Error(str(exc), print_exception=False) from None
+
+
 def _stream(gen, names):
     """Run a handler generator, mapping views to outputs and ValueErrors to page messages.
     ``finally`` closes the handler at once when Gradio cancels this event (Stop, closed tab).
@@ -80,26 +91,23 @@ def _stream(gen, names):
     """
     sent: dict = {}
     try:
-        for view in gen:
-            out = []
-            for n in names:
-                if n in view:
-                    out.append(_to_output(n, view[n]))
-                    sent[n] = _plain(n, view[n])
-                else:
-                    out.append(sent[n] if n in sent else gr.skip())
-            yield tuple(out)
-    except ValueError as exc:
-        raise gr.Error(str(exc), print_exception=False) from None
+        with page_errors():
+            for view in gen:
+                out = []
+                for n in names:
+                    if n in view:
+                        out.append(_to_output(n, view[n]))
+                        sent[n] = _plain(n, view[n])
+                    else:
+                        out.append(sent[n] if n in sent else gr.skip())
+                yield tuple(out)
     finally:
         gen.close()
 
 
 def _once(fn, names):
-    try:
+    with page_errors():
         return _outputs(fn(), names)
-    except ValueError as exc:
-        raise gr.Error(str(exc), print_exception=False) from None
 
 
 TREE_SIZE_NOT_MEASURED = (
@@ -161,10 +169,8 @@ def build_demo(ctx: AppContext, demos: dict[str, str] | None = None) -> gr.Block
     def choose_preset(name: str):
         """(depth, top_k, total_tokens) of a named tree (requests.TREE_PRESETS) for the sliders;
         the custom entry leaves them as they are."""
-        try:
+        with page_errors():
             shape = tree_preset(name, tree0)
-        except ValueError as exc:
-            raise gr.Error(str(exc), print_exception=False) from None
         return (gr.skip(),) * 3 if shape is None else shape
 
     def name_preset(depth: float, top_k: float, total_tokens: float) -> str:
@@ -202,10 +208,8 @@ def build_demo(ctx: AppContext, demos: dict[str, str] | None = None) -> gr.Block
         ``settings_validator`` does this job, closer to the control."""
 
         def run(*args):
-            try:
+            with page_errors():
                 check(*args)
-            except ValueError as exc:
-                raise gr.Error(str(exc), print_exception=False) from None
 
         return run
 
