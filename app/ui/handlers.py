@@ -388,7 +388,7 @@ def show_trace(session: Session, trace: traces.Trace, name: str) -> dict:
     return final_view(session, f"replaying {name} ({where}) — no model involved.")
 
 
-def read_trace_file(ctx: AppContext, path) -> dict:
+def read_trace_file(ctx: AppContext, path) -> traces.Trace:
     """An uploaded trace, checked and parsed: Gradio saved it to a temporary file; its size is
     checked before it is read."""
     if not path:
