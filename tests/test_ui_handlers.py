@@ -498,6 +498,12 @@ def test_missing_head_is_reported_never_replaced(tiny, monkeypatch):
     monkeypatch.setattr(loading, "load_draft_head", no_head)
     ctx = settings.load_context(ServerConfig())          # auto_tree on: skipped without a head
     assert not ctx.has_head and ctx.engine.head is None and "no trained draft head" in ctx.head_missing
+    # the tab "Tree size for this machine" says why it has nothing to show
+    from app.ui.blocks import TREE_SIZE_NOT_MEASURED, build_demo
+
+    assert ctx.tree_choice is None
+    blocks = {getattr(c, "elem_id", None): c for c in build_demo(ctx, demos={}).blocks.values()}
+    assert blocks["tree-size-text"].value == TREE_SIZE_NOT_MEASURED and "tree-size-plot" not in blocks
 
 
 def test_gpu_decorator_is_a_no_op_off_zerogpu(monkeypatch):
