@@ -115,18 +115,17 @@ class LayerFeatureDataset(FeatureDataset):
         # only the extra layers: the tokens and features are already held by the parent class
         self.aux = [_read_tensor(p, "aux") for p in self.paths] if with_layers else None
 
-    def collate(self, items: list[int]) -> dict[str, torch.Tensor]:
-        batch = super().collate(items)
-        if not self.with_layers:
-            return batch
-        B, T, H = batch["features"].shape
-        aux = torch.zeros(B, T, self.aux[0].shape[-1])
-        for row, k in enumerate(items):
-            si, s = self.index[k]
-            a, b = int(self.shards[si].offsets[s]), int(self.shards[si].offsets[s + 1])
-            aux[row, :b - a] = self.aux[si][a:b].float()
-        batch["input_features"] = torch.cat([batch["features"], aux], -1)     # (B, T, (1 + k)·H)
-        return batch
+    def collate(self, items: list[int], device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+        batch = super().collate(items)                                         # on the host
+        if self.with_layers:
+            B, T, H = batch["features"].shape
+            aux = torch.zeros(B, T, self.aux[0].shape[-1])
+            for row, k in enumerate(items):
+                si, s = self.index[k]
+                a, b = int(self.shards[si].offsets[s]), int(self.shards[si].offsets[s + 1])
+                aux[row, :b - a] = self.aux[si][a:b].float()
+            batch["input_features"] = torch.cat([batch["features"], aux], -1)  # (B, T, (1 + k)·H)
+        return {k: v.to(device) for k, v in batch.items()}
 
 
 def make_head(target_config, variant: str, aux_width: int, seed: int = 0) -> DraftHead:

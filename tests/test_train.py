@@ -5,6 +5,7 @@ the real prompt generator and the real evaluation sets.
 """
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ import torch
 from app.engine.draft_head import DraftHead, head_config_for
 from app.train.data import FeatureShard, generate_with_features
 from app.train.prompts import EvalIndex, Prompt, build_prompts, eval_questions, ngrams, normalise
-from app.train.trainer import FeatureDataset, LossConfig, TrainConfig, head_loss, train, ttt_mask
+from app.train.trainer import FeatureDataset, LossConfig, TrainConfig, head_loss, train, ttt_mask, validate
 from tests.tiny import tiny_target
 
 
@@ -497,3 +498,54 @@ def test_eagle3_feature_probe_extracts_layers_and_trains_both_heads(tmp_path):
         assert result["steps"] == 12 and 0.0 <= result["heldout_acc1"] <= 1.0 and result["heldout_tokens"] > 0
     ckpt = torch.load(tmp_path / "p" / "run_layers" / "checkpoint.pt", weights_only=False)
     assert ckpt["head"]["fc.weight"].shape == (64, 3 * 64)        # [emb; f; layer 1]
+
+
+@contextlib.contextmanager
+def _default_device(device: str):
+    torch.set_default_device(device)
+    try:
+        yield
+    finally:
+        torch.set_default_device(None)
+
+
+def test_every_tensor_of_data_and_training_is_made_where_it_is_meant_to_be(tiny_data, tmp_path):
+    """The data and training stages say on which device every tensor is made (`--device cuda`
+    must leave nothing on the host by mistake). Checked without a GPU: with torch's default
+    device set to "meta" (a device with no data), a tensor made without naming its device lands
+    there, and the first operation that mixes it with the model's CPU tensors fails. Under
+    that setting the shard, the training steps (noise and resume state included) and the
+    validation must come out exactly as with the default left alone."""
+    target, data = tiny_data
+    prompts = _tiny_prompts(4, seed=1)
+
+    def shard():   # shard 1 samples: the generator matters
+        return generate_with_features(target.model, target.tokenizer, prompts, 1, 16, seed=0,
+                                      eos_ids=target.eos_ids, pad_id=0)
+
+    plain_shard = shard()
+    with _default_device("meta"):
+        meta_shard = shard()
+    assert torch.equal(plain_shard.tokens, meta_shard.tokens) and torch.equal(plain_shard.offsets, meta_shard.offsets)
+    assert torch.equal(plain_shard.features, meta_shard.features) and meta_shard.features.device.type == "cpu"
+
+    cfg = TrainConfig(epochs=1, batch_tokens=256, lr=3e-3, warmup_steps=2, stop_at_step=4)
+    loss_cfg = LossConfig(ttt_steps=2, noise=0.05, kl_fraction=0.5)
+    vocab = torch.arange(3, 200)
+    plain, meta = _head(target), _head(target)
+    train(plain, target.model, data, tmp_path / "plain", loss_cfg, cfg, progress=False, vocab_ids=vocab)
+    with _default_device("meta"):
+        train(meta, target.model, data, tmp_path / "meta", loss_cfg, cfg, progress=False, vocab_ids=vocab)
+        val = validate(meta, target.model, data, steps=2, max_batches=2, vocab_ids=vocab)
+    for (name, a), (_, b) in zip(plain.state_dict().items(), meta.state_dict().items()):
+        assert b.device.type == "cpu" and torch.equal(a, b), name
+    assert val == validate(plain, target.model, data, steps=2, max_batches=2, vocab_ids=vocab)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
+def test_train_refuses_a_missing_gpu_in_one_line(capsys):
+    from app.__main__ import main as app_main
+
+    assert app_main(["train", "--stage", "eval", "--device", "cuda"]) == 2
+    assert capsys.readouterr().err.strip() == "error: device cuda was asked for but no CUDA GPU is available"
+    assert app_main(["train", "--stage", "eval", "--device", "tpu"]) == 2

@@ -102,7 +102,7 @@ class DraftHead(nn.Module):
         config["num_hidden_layers"] = 1
         config["bias"] = bool(getattr(self.config, "bias", True))
         (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        state = {k: v.detach().contiguous() for k, v in self.state_dict().items()}
+        state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}   # from any device
         save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
     @classmethod

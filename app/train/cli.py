@@ -11,6 +11,7 @@ Examples::
     python -m app train --stage train --epochs 3 --ttt-steps 2 # train on all finished shards
     python -m app train --stage eval --eval-prompts 10         # tau on mt_bench first turns
     python -m app train                                        # everything, with the defaults
+    python -m app train --device cuda --shard-size 256         # on a GPU: bigger answer batches
 
 The defaults are release 6's recipe (models/eagle-smollm2-135m-instruct/README.md): 12,288
 prompts, TTT-1, the loss's distributions over the 8,192-token draft vocabulary with the
@@ -21,6 +22,7 @@ acceptance by depth.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
@@ -39,6 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                  "the embedded model, else <work-dir>/head)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (1 is fastest on a shared 2-core machine: idle OpenMP threads spin)")
+    p.add_argument("--device", default="cpu",
+                   help="cpu (default) | cuda[:N] | auto: where the target answers (data), the head trains and the "
+                        "eval decodes. Shards and checkpoints are the same files either way")
     p.add_argument("--seed", type=int, default=0)
     # data
     p.add_argument("--num-prompts", type=int, default=12288, help="size of the prompt set")
@@ -109,8 +114,13 @@ def default_work_dir(name: str) -> Path:
 
 
 def main(args: argparse.Namespace) -> int:
-    from app.engine.loading import DEFAULT_HEAD_DIR, EMBEDDED_ALIASES, EMBEDDED_NAME
+    from app.engine.loading import DEFAULT_HEAD_DIR, EMBEDDED_ALIASES, EMBEDDED_NAME, choose_device
 
+    try:   # before any stage: a run that would fail at its first model load fails now, in one line
+        choose_device(args.device)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     torch.set_num_threads(args.threads)
     name = EMBEDDED_NAME if args.base_model in EMBEDDED_ALIASES else args.base_model
     work = Path(args.work_dir) if args.work_dir else default_work_dir(name)
@@ -176,7 +186,7 @@ def run_data(args, work: Path) -> None:
         if path.is_file() or not claim(path):
             continue
         if target is None:
-            target = load_target(args.base_model, device="cpu", dtype=args.data_dtype)
+            target = load_target(args.base_model, device=getattr(args, "device", "cpu"), dtype=args.data_dtype)
             tok = target.tokenizer
             pad = tok.pad_token_id if tok.pad_token_id is not None else 0
         t0 = time.perf_counter()

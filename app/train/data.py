@@ -60,15 +60,16 @@ def chat_ids(tokenizer, text: str) -> list[int]:
     return [int(t) for t in ids]
 
 
-def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids, mask), both (B, P): sequences right-aligned so that every row ends at column P-1."""
+def left_pad(seqs: list[list[int]], pad_id: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, mask), both (B, P) on ``device``: sequences right-aligned so that every row ends at
+    column P-1."""
     width = max(len(e) for e in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long, device="cpu")
+    mask = torch.zeros((len(seqs), width), dtype=torch.long, device="cpu")
     for i, e in enumerate(seqs):
-        ids[i, width - len(e):] = torch.tensor(e)
+        ids[i, width - len(e):] = torch.tensor(e, device="cpu")
         mask[i, width - len(e):] = 1
-    return ids, mask
+    return ids.to(device), mask.to(device)
 
 
 # --- the decode loop ------------------------------------------------------------------------
@@ -94,11 +95,12 @@ def generate_with_features(model, tokenizer, prompts: list[Prompt], shard: int, 
     fed back, so it has no feature and is dropped).
     """
     mode, temperature = MODES[shard % len(MODES)]
-    g = torch.Generator().manual_seed(seed * 100_003 + shard)
-    body = getattr(model, model.base_model_prefix)               # decoder stack + final norm
     lm_head = model.get_output_embeddings()
+    device = lm_head.weight.device                               # everything below lives where the model is
+    g = torch.Generator(device=device).manual_seed(seed * 100_003 + shard)
+    body = getattr(model, model.base_model_prefix)               # decoder stack + final norm
     encoded = [chat_ids(tokenizer, p.text) for p in prompts]
-    ids, mask = left_pad(encoded, pad_id)                        # (B, P)
+    ids, mask = left_pad(encoded, pad_id, device)                # (B, P)
     B, P = ids.shape
     width = P + max_new_tokens - 1                               # every column a row can reach
     cache = preallocated_cache(model, width)
@@ -107,13 +109,13 @@ def generate_with_features(model, tokenizer, prompts: list[Prompt], shard: int, 
                    use_cache=True).last_hidden_state             # (B, P, H)
     all_feats = prefill.new_zeros(B, width, prefill.shape[-1])   # (B, width, H) f of every fed token
     all_feats[:, :P] = prefill
-    all_ids = torch.full((B, width), pad_id, dtype=torch.long)   # (B, width) every fed token
+    all_ids = torch.full((B, width), pad_id, dtype=torch.long, device=device)   # (B, width) every fed token
     all_ids[:, :P] = ids
     last = prefill[:, -1]                                        # (b, H), b = rows still in the batch
-    rows = torch.arange(B)                                       # (b,) original row of each batch row
-    done = torch.zeros(B, dtype=torch.bool)                      # (b,) answer ended (EOS fed)
-    lengths = torch.full((B,), max_new_tokens - 1, dtype=torch.long)  # response tokens kept
-    eos = torch.tensor(sorted(eos_ids), dtype=torch.long)
+    rows = torch.arange(B, device=device)                        # (b,) original row of each batch row
+    done = torch.zeros(B, dtype=torch.bool, device=device)       # (b,) answer ended (EOS fed)
+    lengths = torch.full((B,), max_new_tokens - 1, dtype=torch.long, device=device)  # response tokens kept
+    eos = torch.tensor(sorted(eos_ids), dtype=torch.long, device=device)
     for step in range(max_new_tokens - 1):
         logits = lm_head(last).float()                           # (b, V) next-token logits
         if mode == "greedy":
@@ -140,16 +142,17 @@ def generate_with_features(model, tokenizer, prompts: list[Prompt], shard: int, 
             mask, positions, last = mask[keep], positions[keep], last[keep]
             rows, done = rows[keep], done[keep]
     tokens, features, lens = [], [], []
+    lengths = lengths.tolist()
     for i, e in enumerate(encoded):
         a = P - len(e)                                           # first real prompt column
-        b = P + int(lengths[i])
-        tokens.append(all_ids[i, a:b])
-        features.append(all_feats[i, a:b].to(torch.float16))
+        b = P + lengths[i]
+        tokens.append(all_ids[i, a:b].cpu())
+        features.append(all_feats[i, a:b].to("cpu", torch.float16))
         lens.append(b - a)
-    offsets = torch.zeros(B + 1, dtype=torch.long)
-    offsets[1:] = torch.cumsum(torch.tensor(lens), 0)
+    offsets = torch.zeros(B + 1, dtype=torch.long, device="cpu")
+    offsets[1:] = torch.cumsum(torch.tensor(lens, device="cpu"), 0)
     return FeatureShard(tokens=torch.cat(tokens).to(torch.int32), features=torch.cat(features),
-                        offsets=offsets, prompt_lens=torch.tensor([len(e) for e in encoded]),
+                        offsets=offsets, prompt_lens=torch.tensor([len(e) for e in encoded], device="cpu"),
                         mode=f"{mode}@{temperature}")
 
 

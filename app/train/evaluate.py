@@ -95,7 +95,7 @@ def run_eval(args, head_dir: Path) -> dict:
     from app.engine.engine import Engine
     from app.engine.loading import load_draft_head, load_draft_vocab, load_target
 
-    target = load_target(args.base_model, device="cpu", dtype="float32")
+    target = load_target(args.base_model, device=getattr(args, "device", "cpu"), dtype="float32")
     head = load_draft_head(str(head_dir), target)
     vocab = None if getattr(args, "eval_full_draft_vocab", False) \
         else load_draft_vocab(head_dir, target.model.config.vocab_size)

@@ -66,7 +66,7 @@ class FeatureDataset:
         (sorted within windows of 64) so that padding stays small, each batch holding at most
         ``batch_tokens`` padded tokens; the batch order is shuffled again."""
         g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-        perm = torch.randperm(len(self), generator=g).tolist()
+        perm = torch.randperm(len(self), generator=g, device="cpu").tolist()
         out: list[list[int]] = []
         for w in range(0, len(perm), 64):
             window = sorted(perm[w:w + 64], key=lambda k: int(self.lengths[k]))
@@ -79,22 +79,24 @@ class FeatureDataset:
                 cur.append(k)
             if cur:
                 out.append(cur)
-        order = torch.randperm(len(out), generator=g).tolist()
+        order = torch.randperm(len(out), generator=g, device="cpu").tolist()
         return [out[i] for i in order]
 
-    def collate(self, items: list[int]) -> dict[str, torch.Tensor]:
-        """Right-padded batch: tokens (B, T), features (B, T, H) float32, lengths, prompt_lens (B,)."""
+    def collate(self, items: list[int], device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+        """Right-padded batch on ``device``: tokens (B, T), features (B, T, H) float32, lengths,
+        prompt_lens (B,). Assembled in host memory, where the shards are, then moved once."""
         convs = [self.shards[self.index[k][0]].conversation(self.index[k][1]) for k in items]
         T = max(c[0].numel() for c in convs)
         H = convs[0][1].shape[-1]
-        tokens = torch.zeros((len(convs), T), dtype=torch.long)
-        feats = torch.zeros((len(convs), T, H))
+        tokens = torch.zeros((len(convs), T), dtype=torch.long, device="cpu")
+        feats = torch.zeros((len(convs), T, H), device="cpu")
         for i, (tok, f, _) in enumerate(convs):
             tokens[i, :tok.numel()] = tok
             feats[i, :tok.numel()] = f
-        return {"tokens": tokens, "features": feats,
-                "lengths": torch.tensor([c[0].numel() for c in convs]),
-                "prompt_lens": torch.tensor([c[2] for c in convs])}
+        batch = {"tokens": tokens, "features": feats,
+                 "lengths": torch.tensor([c[0].numel() for c in convs], device="cpu"),
+                 "prompt_lens": torch.tensor([c[2] for c in convs], device="cpu")}
+        return {k: v.to(device) for k, v in batch.items()}
 
 
 # --- the loss --------------------------------------------------------------------------------
@@ -110,10 +112,10 @@ class LossConfig:
     kl_fraction: float = 1.0    # share of positions that get the distribution term
 
 
-def _lm_precision(cfg: "LossConfig"):
+def _lm_precision(cfg: "LossConfig", device: torch.device):
     """bf16 autocast around the (N, H) x (H, V) LM-head matmuls, the bulk of the training cost
     (V = 49k for SmolLM2 against H = 576); softmax and losses stay in float32."""
-    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.lm_head_bf16)
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.lm_head_bf16)
 
 
 class SubsetLMHead(torch.nn.Module):
@@ -137,13 +139,13 @@ class SubsetLMHead(torch.nn.Module):
         return F.linear(x, self.weight, self.bias)
 
 
-def ttt_mask(steps: int, length: int) -> torch.Tensor:
+def ttt_mask(steps: int, length: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """(steps·L, steps·L) bool, True = may attend, for the head unrolled ``steps`` times.
 
     Query (step s, position i) sees step-1 keys at positions m <= i - (s-1) and, for
     2 <= t <= s, the step-t key at position i - (s-t). For steps = 1 this is the causal mask.
     """
-    i = torch.arange(length)
+    i = torch.arange(length, device=device)
     blocks = []
     for s in range(1, steps + 1):
         row = []
@@ -153,7 +155,7 @@ def ttt_mask(steps: int, length: int) -> torch.Tensor:
             elif t <= s:
                 row.append(i[None, :] == i[:, None] - (s - t))        # one key per query
             else:
-                row.append(torch.zeros(length, length, dtype=torch.bool))
+                row.append(torch.zeros(length, length, dtype=torch.bool, device=device))
         blocks.append(torch.cat(row, 1))
     return torch.cat(blocks, 0)
 
@@ -171,27 +173,30 @@ def head_loss(head, lm_head, embedding, batch: dict[str, torch.Tensor], cfg: Los
     tokens, f = batch["tokens"], batch["features"]                    # (B, T), (B, T, H)
     B, T, H = f.shape
     L = T - 1
-    pos = torch.arange(L)[None].expand(B, L)                           # (B, L) position j
+    device = f.device
+    pos = torch.arange(L, device=device)[None].expand(B, L)           # (B, L) position j
     emb = embedding(tokens[:, 1:])                                     # (B, L, H) emb(x[j+1])
     target = f[:, 1:]                                                  # (B, L, H) f[j+1]
-    j = torch.arange(L)[None]
+    j = torch.arange(L, device=device)[None]
     real = j + 1 < batch["lengths"][:, None]                           # (B, L) f[j+1] exists
     f_in = f[:, :-1]                                                   # (B, L, H) f[j]
     if "input_features" in batch:
         if cfg.ttt_steps != 1:
             raise ValueError("input_features (several target layers) train with ttt_steps 1 only")
         f_in = batch["input_features"][:, :-1]                         # (B, L, k·H) at position j
+    # The random numbers come from ``g``, a CPU generator (its state is in the checkpoint), and
+    # move to the batch's device: a run draws the same noise on any device.
     if cfg.noise > 0:
-        f_in = f_in + torch.randn(f_in.shape, generator=g) * (cfg.noise * feature_std)
+        f_in = f_in + torch.randn(f_in.shape, generator=g, device="cpu").to(device) * (cfg.noise * feature_std)
 
-    total = torch.zeros(())
+    total = torch.zeros((), device=device)
     stats: dict[str, float] = {}
     inputs: list[torch.Tensor] = []
     valid1 = real & (j >= batch["prompt_lens"][:, None] - 1)            # (B, L) step-1 loss positions
     # the distribution term costs two (N, V) matmuls per position, the regression almost
     # nothing: with kl_fraction < 1 it is taken on a random subset of the positions
-    kl_pos = valid1 & (torch.rand(valid1.shape, generator=g) < cfg.kl_fraction)   # (B, L)
-    with torch.no_grad(), _lm_precision(cfg):
+    kl_pos = valid1 & (torch.rand(valid1.shape, generator=g, device="cpu") < cfg.kl_fraction).to(device)   # (B, L)
+    with torch.no_grad(), _lm_precision(cfg, device):
         p_all = torch.softmax(lm_head(target[kl_pos]).float(), -1)     # (K, V) target p, computed once
     for s in range(1, cfg.ttt_steps + 1):
         # loss positions: the chain behind this prediction starts at the true feature
@@ -201,7 +206,7 @@ def head_loss(head, lm_head, embedding, batch: dict[str, torch.Tensor], cfg: Los
         feats_cat = torch.cat(inputs, 1)                               # (B, s·L, H)
         emb_cat = emb.repeat(1, s, 1)                                  # (B, s·L, H)
         pos_cat = pos.repeat(1, s)                                     # (B, s·L)
-        mask = None if s == 1 else ttt_mask(s, L)[None, None].expand(B, 1, s * L, s * L)
+        mask = None if s == 1 else ttt_mask(s, L, device)[None, None].expand(B, 1, s * L, s * L)
         pred = head(emb_cat, feats_cat, pos_cat, mask)[:, -L:]         # (B, L, H) this step's f̂[j+1]
         if not bool(valid.any()):
             break
@@ -211,7 +216,7 @@ def head_loss(head, lm_head, embedding, batch: dict[str, torch.Tensor], cfg: Los
             total = total + cfg.ttt_decay ** (s - 1) * cfg.w_reg * reg
             break
         p = p_all[ce_pos[kl_pos]]                                      # (K_s, V)
-        with _lm_precision(cfg):
+        with _lm_precision(cfg, device):
             logits_q = lm_head(pred[ce_pos]).float()                   # (K_s, V) draft logits
         ce = F.cross_entropy(logits_q, p)                              # soft targets: -Σ p log q
         weight = cfg.ttt_decay ** (s - 1)
@@ -264,12 +269,14 @@ def train(head, target_model, data: FeatureDataset, run_dir: Path, loss_cfg: Los
     from tqdm import tqdm
 
     run_dir.mkdir(parents=True, exist_ok=True)
+    device = target_model.get_output_embeddings().weight.device   # the head trains where the target is
+    head.to(device)
     lm_head = target_model.get_output_embeddings()
     if vocab_ids is not None:
-        lm_head = SubsetLMHead(lm_head, vocab_ids)
+        lm_head = SubsetLMHead(lm_head, vocab_ids.to(device))
     embedding = target_model.get_input_embeddings()
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
-    g = torch.Generator().manual_seed(cfg.seed)
+    g = torch.Generator().manual_seed(cfg.seed)   # on the host: its state is checkpointed (see head_loss)
     per_epoch = len(data.batches(0, cfg.seed, cfg.batch_tokens))
     total_steps = max(1, int(round(cfg.epochs * per_epoch)))
     state = {"step": 0, "seconds": 0.0, "history": []}
@@ -291,7 +298,8 @@ def train(head, target_model, data: FeatureDataset, run_dir: Path, loss_cfg: Los
 
     def save() -> None:
         tmp = ckpt.with_name("checkpoint.pt.tmp")
-        torch.save({"head": head.state_dict(), "optimizer": opt.state_dict(), "generator": g.get_state(),
+        torch.save({"head": {k: v.cpu() for k, v in head.state_dict().items()}, "optimizer": opt.state_dict(),
+                    "generator": g.get_state(),
                     "state": state, "shards": [str(p) for p in data.paths], "vocab_ids": vocab_ids,
                     "loss_config": loss_cfg.__dict__, "train_config": cfg.__dict__}, tmp)
         tmp.rename(ckpt)
@@ -321,7 +329,7 @@ def train(head, target_model, data: FeatureDataset, run_dir: Path, loss_cfg: Los
             progress = max(progress, state["seconds"] / budget_s)
         for group in opt.param_groups:
             group["lr"] = lr_at(progress, cfg.lr, cfg.warmup_steps, state["step"])
-        loss, stats = head_loss(head, lm_head, embedding, data.collate(batch_ids), loss_cfg,
+        loss, stats = head_loss(head, lm_head, embedding, data.collate(batch_ids, device), loss_cfg,
                                 data.feature_std, g)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -362,12 +370,13 @@ def validate(head, target_model, data: FeatureDataset, steps: int = 5, batch_tok
     head.eval()
     cfg = LossConfig(noise=0.0, ttt_steps=steps)
     lm_head, embedding = target_model.get_output_embeddings(), target_model.get_input_embeddings()
+    device = lm_head.weight.device
     if vocab_ids is not None:
-        lm_head = SubsetLMHead(lm_head, vocab_ids)
+        lm_head = SubsetLMHead(lm_head, vocab_ids.to(device))
     sums: dict[str, float] = {}
     batches = data.batches(0, 12345, batch_tokens)[:max_batches]
     for ids in batches:
-        _, stats = head_loss(head, lm_head, embedding, data.collate(ids), cfg, data.feature_std)
+        _, stats = head_loss(head, lm_head, embedding, data.collate(ids, device), cfg, data.feature_std)
         for k, v in stats.items():
             sums[k] = sums.get(k, 0.0) + v / len(batches)
     return sums
@@ -378,7 +387,7 @@ def run_training(args, work: Path, out: Path) -> dict:
     from app.engine.draft_head import DraftHead, head_config_for
     from app.engine.loading import load_target
 
-    target = load_target(args.base_model, device="cpu", dtype="float32")
+    target = load_target(args.base_model, device=getattr(args, "device", "cpu"), dtype="float32")
     run_dir = work / "runs" / args.run_name
     shards_file = run_dir / "shards.json"
     if shards_file.is_file():  # a resumed run keeps the shards it started with
