@@ -165,3 +165,27 @@ def test_a_one_wide_dynamic_tree_samples_its_drafts_like_a_chain(tiny):
                                  max_new_tokens=40)
     *_, plain = engine.generate(prompt_ids=prompt, tree=TreeConfig(method="vanilla"), max_new_tokens=40)
     assert greedy.token_ids == plain.token_ids
+
+
+@pytest.mark.parametrize("tree, sampling", [
+    (TreeConfig(method="dynamic", depth=3, top_k=4, total_tokens=8), SamplingConfig()),
+    (TreeConfig(method="dynamic", depth=2, top_k=1, total_tokens=2), SamplingConfig(temperature=1.0, seed=1)),
+    (TreeConfig(method="static"), SamplingConfig(temperature=0.8, top_p=0.9, seed=2)),
+    (TreeConfig(method="vanilla"), SamplingConfig(temperature=1.0, seed=3)),
+], ids=["greedy-tree", "sampled-chain", "sampled-tree", "sampled-vanilla"])
+def test_the_engine_makes_every_tensor_on_the_models_device(tiny, tree, sampling):
+    """GPU readiness without a GPU: with torch's default device set to "meta" (no data), a
+    tensor the engine made without naming its device would land there and break the first
+    operation that mixes it with the model's CPU tensors. Every step must come out exactly
+    as with the default left alone, with and without a draft vocabulary."""
+    target, head = tiny
+    for vocab in (None, torch.arange(3, 200)):
+        engine = Engine(target, head, draft_vocab=vocab)
+        plain = list(engine.generate(prompt_ids=[5, 17, 33, 90], tree=tree, sampling=sampling, max_new_tokens=16))
+        torch.set_default_device("meta")
+        try:
+            meta = list(engine.generate(prompt_ids=[5, 17, 33, 90], tree=tree, sampling=sampling, max_new_tokens=16))
+        finally:
+            torch.set_default_device(None)
+        assert [e.new_tokens for e in meta[:-1]] == [e.new_tokens for e in plain[:-1]]
+        assert [e.tree for e in meta[:-1]] == [e.tree for e in plain[:-1]]

@@ -187,7 +187,7 @@ def tree_attention_mask(parents: Sequence[int], device=None) -> torch.Tensor:
     """(N+1, N+1) bool mask over [root, node 0, ..., node N-1]: row i may attend to column j
     iff j is i itself or one of its ancestors (the root is everyone's ancestor)."""
     n = len(parents)
-    mask = torch.zeros(n + 1, n + 1, dtype=torch.bool)
+    mask = torch.zeros(n + 1, n + 1, dtype=torch.bool, device="cpu")   # built on the host (row copies), moved once
     mask[:, 0] = True
     mask[0, 0] = True
     for i, p in enumerate(parents):  # parents first, so row p+1 is complete when row i+1 copies it
