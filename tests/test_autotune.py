@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from app.engine import autotune
 from app.engine.autotune import Calibration, CostCurve, choose_from, predict, rank_candidates
@@ -225,3 +226,22 @@ def test_calibration_cache_key_holds_the_default_settings(tmp_path, monkeypatch)
     keys = [json.loads(p.read_text())["key"] for p in (tmp_path / "autotune").glob("calib-*.json")]
     assert sorted(k["prompts"] for k in keys) == [["w5 w6"], ["w7 w8"]]   # recalibrated, not reused
     assert all(k["max_new_tokens"] == 6 and k["vanilla_tokens"] == 2 for k in keys)
+
+
+def test_measuring_and_calibrating_name_the_device_of_every_tensor(tiny):
+    """GPU readiness without a GPU (see tests/test_sampling.py): with torch's default device
+    set to "meta", a tensor made without naming its device breaks the first operation that
+    mixes it with the model's CPU tensors. The cost curve and the calibration must still run."""
+    from app.engine.engine import Engine
+
+    target, head = tiny
+    engine = Engine(target, head)
+    torch.set_default_device("meta")
+    try:
+        curve = autotune.measure_forward_costs(target, sizes=(1, 2, 4), prefix_len=16)
+        cal = autotune.calibrate(engine, prompts=("w5 w17 w33",), depth=2, top_k=2, total_tokens=4,
+                                 max_new_tokens=8, vanilla_tokens=4)
+    finally:
+        torch.set_default_device(None)
+    assert curve.sizes == [1, 2, 4] and all(ms > 0 for ms in curve.ms)
+    assert cal.steps and len(cal.vanilla_step_ms) > 0

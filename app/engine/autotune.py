@@ -196,12 +196,12 @@ def measure_forward_costs(target, sizes=DEFAULT_SIZES, prefix_len: int = DEFAULT
     sizes = sorted(set(int(n) for n in sizes))
     prefix_len = min(prefix_len, target.max_positions - max(sizes) - 1)
     g = torch.Generator().manual_seed(0)
-    prefix = torch.randint(0, vocab, (1, prefix_len), generator=g).to(device)        # (1, P)
+    prefix = torch.randint(0, vocab, (1, prefix_len), generator=g, device="cpu").to(device)   # (1, P)
     cache = kv.preallocated_cache(model, prefix_len + max(sizes))    # the engine's cache kind
     body(input_ids=prefix, cache=cache, use_cache=True)
     inputs = {}
     for n in sizes:
-        ids = torch.randint(0, vocab, (1, n), generator=g).to(device)                  # (1, n)
+        ids = torch.randint(0, vocab, (1, n), generator=g, device="cpu").to(device)    # (1, n)
         pos = torch.arange(prefix_len, prefix_len + n, device=device)[None]           # (1, n)
         mask = (torch.ones(n, prefix_len + n, dtype=torch.bool, device=device).tril(prefix_len)[None, None]
                 if n > 1 else None)                                                   # (1, 1, n, P+n) or None

@@ -217,4 +217,4 @@ def load_draft_vocab(folder: str | Path | None, vocab_size: int) -> torch.Tensor
     if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and 0 <= i < vocab_size for i in ids) \
             or len(set(ids)) != len(ids):
         raise ValueError(f"{path}: token_ids must be a non-empty list of distinct token ids in [0, {vocab_size})")
-    return torch.tensor(sorted(ids), dtype=torch.long)
+    return torch.tensor(sorted(ids), dtype=torch.long, device="cpu")   # the Engine moves it to the model
