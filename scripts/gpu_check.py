@@ -137,6 +137,9 @@ def main(argv=None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if device.type == "cpu" and args.shape != "tiny":
+        print(f"error: a random {args.shape} model is tens of GB; on a CPU use --shape tiny", file=sys.stderr)
+        return 2
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     results = {"device": str(device), "torch": torch.__version__,
                "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}

@@ -38,3 +38,8 @@ def test_gpu_check_runs_all_three_steps_on_cpu(tmp_path):
 def test_gpu_check_says_when_there_is_no_gpu(capsys):
     assert _load().main(["--device", "cuda"]) == 2
     assert "no CUDA GPU" in capsys.readouterr().err
+
+
+def test_gpu_check_refuses_the_big_shape_on_a_cpu(capsys):
+    assert _load().main(["--device", "cpu", "--shape", "llama-8b"]) == 2
+    assert "use --shape tiny" in capsys.readouterr().err
