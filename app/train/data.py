@@ -142,10 +142,10 @@ def generate_with_features(model, tokenizer, prompts: list[Prompt], shard: int, 
             mask, positions, last = mask[keep], positions[keep], last[keep]
             rows, done = rows[keep], done[keep]
     tokens, features, lens = [], [], []
-    lengths = lengths.tolist()
+    kept = lengths.tolist()                                      # one transfer from the device
     for i, e in enumerate(encoded):
         a = P - len(e)                                           # first real prompt column
-        b = P + lengths[i]
+        b = P + kept[i]
         tokens.append(all_ids[i, a:b].cpu())
         features.append(all_feats[i, a:b].to("cpu", torch.float16))
         lens.append(b - a)
