@@ -187,7 +187,8 @@ def auto_tree_defaults(engine, log=print) -> tuple[TreeConfig, str, dict]:
     tree, choice = choose_tree(engine, progress=lambda message: log(f"[eagle-lens] {message}"))
     log(f"[eagle-lens] {choice.summary()}")
     note = (f"Default tree sized for this machine: depth {tree.depth}, top_k {tree.top_k}, "
-            f"total_tokens {tree.total_tokens} (predicted {choice.predicted_speedup:.2f}x vanilla)")
+            f"total_tokens {tree.total_tokens} (predicted {choice.predicted_speedup:.2f}x vanilla; "
+            "why: the tab *Tree size for this machine*)")
     if not choice.beats_vanilla:
         note += " — with this head no tree is predicted to beat plain decoding here"
     return tree, note, choice.to_dict()
