@@ -186,7 +186,7 @@ def test_phase_account_explains_each_checked_node_by_the_rule_in_force(tiny):
     """Greedy: every checked node is the target's top token (kept) or not (refused, with the
     token the target chose); sampled chains: min(1, p/q) in the step's own numbers."""
     from app.engine.config import SamplingConfig
-    from app.viz.phases import acceptance_rule
+    from app.viz.phases import GREEDY, SAMPLED_CHAIN, SAMPLED_TREE, acceptance_rule
 
     target, head = tiny
     engine = Engine(target, head)
@@ -206,9 +206,26 @@ def test_phase_account_explains_each_checked_node_by_the_rule_in_force(tiny):
                                                                                      total_tokens=3),
                                       sampling=SamplingConfig(temperature=1.0, seed=5), max_new_tokens=30)
     checked = next(s for s in chain_steps if s.tree and "rejected" in s.tree.status)
-    why = acceptance_rule(checked, sampled=True)
+    why = acceptance_rule(checked, SAMPLED_CHAIN)
     assert "min(1, p/q)" in why
     i = checked.tree.status.index("rejected")
     expected = min(1.0, checked.tree.p[i] / checked.tree.q[i])
     assert f"min(1, p/q) = {expected:.2f} ✗" in why
-    assert acceptance_rule(checked, sampled=False).startswith("**Why** (greedy)")
+    assert acceptance_rule(checked, GREEDY).startswith("**Why** (greedy)")
+    # the rule comes from the run, not the tree's shape: a top-k tree cut to a chain by its
+    # total_tokens was verified as fixed candidates, so no min(1, p/q) is claimed for it
+    from app.ui import handlers
+    from app.ui.session import Session
+
+    session = Session()
+    session.settings = {"temperature": 1.0, "method": "dynamic", "top_k": 4}
+    assert handlers._rule(session) == SAMPLED_TREE
+    session.settings = {"temperature": 1.0, "method": "dynamic", "top_k": 1}
+    assert handlers._rule(session) == SAMPLED_CHAIN
+    session.settings = {"temperature": 0.0, "method": "chain", "top_k": 1}
+    assert handlers._rule(session) == GREEDY
+    *cut, _ = engine.generate(prompt_ids=[5, 17, 33, 90, 4], tree=TreeConfig(method="dynamic", depth=2, top_k=4,
+                                                                              total_tokens=2),
+                              sampling=SamplingConfig(temperature=1.0, seed=5), max_new_tokens=20)
+    chain_shaped = next(s for s in cut if s.tree and len(set(s.tree.depths)) == len(s.tree))
+    assert "min(1, p/q)" not in acceptance_rule(chain_shaped, SAMPLED_TREE)

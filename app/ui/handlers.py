@@ -21,7 +21,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from app.engine.config import TreeConfig
+from app.engine.config import SamplingConfig, TreeConfig
 from app.engine.events import StepEvent
 from app.ui import traces
 from app.ui.pump import BackgroundRun
@@ -30,7 +30,7 @@ from app.ui.requests import (INT_KNOBS, MAX_TEMPERATURE, SWEEP_KNOBS, TREE_KNOBS
 from app.ui.session import Session, VanillaRun
 from app.ui.settings import AppContext
 from app.viz.insights import calibration_figure, depth_figure, explorer_figure, tokens_per_step_figure
-from app.viz.phases import phase_account
+from app.viz.phases import GREEDY, SAMPLED_CHAIN, SAMPLED_TREE, phase_account
 from app.viz.race import race_figure, speedup
 from app.viz.stream import stream_html
 from app.viz.tree import tree_figure
@@ -65,14 +65,22 @@ def live_view(session: Session, status: str, vanilla_steps: list[StepEvent] | No
             # cost the engine ~10% of its speed at 4 updates/s. The run's first view sets the
             # slider's range once (``_first_view``), the final view shrinks it to the steps made.
             "slider": max(len(steps) - 1, 0),
-            "phases": phase_account(last, len(steps), _sampled(session)),
+            "phases": phase_account(last, len(steps), _rule(session)),
             "race": race_figure(steps, vanilla_steps, eagle_label=session.settings.get("method", "EAGLE"))}
 
 
-def _sampled(session: Session) -> bool:
-    """Whether the run on screen sampled (temperature > 0): its acceptance rule differs."""
-    temperature = session.settings.get("temperature", 0.0)
-    return isinstance(temperature, (int, float)) and temperature > 0
+def _rule(session: Session) -> str:
+    """The verification rule of the run on screen, as the engine chose it from its settings
+    (greedy, or under sampling a chain drafted from q or a top-k tree)."""
+    settings = session.settings
+    try:
+        sampling = SamplingConfig(temperature=float(settings.get("temperature", 0.0)))
+        tree = TreeConfig(method=settings.get("method", "dynamic"), top_k=int(settings.get("top_k", TreeConfig().top_k)))
+    except (TypeError, ValueError):
+        return GREEDY
+    if sampling.greedy:
+        return GREEDY
+    return SAMPLED_CHAIN if tree.samples_drafts(sampling) else SAMPLED_TREE
 
 
 def _identical_note(session: Session) -> str:
@@ -151,7 +159,7 @@ def final_view(session: Session, status: str) -> dict:
             "race": race_figure(steps, session.race_vanilla.steps if session.race_vanilla else None,
                                 eagle_label=session.settings.get("method", "EAGLE")),
             "slider": (max(last, 0), max(last, 0)),
-            "phases": phase_account(steps[-1] if steps else None, len(steps), _sampled(session)),
+            "phases": phase_account(steps[-1] if steps else None, len(steps), _rule(session)),
             "depth": depth_figure(steps), "calibration": calibration_figure(steps),
             "per_step": tokens_per_step_figure(steps)}
     return view
@@ -166,7 +174,7 @@ def replay_view(session: Session, index) -> dict:
         raise ValueError(f"step must be a number, got {index!r}")
     i = int(min(max(int(index), 0), len(steps) - 1))
     return {"stream": stream_html(steps, upto=i, highlight=i), "tree": tree_figure(steps[i]),
-            "phases": phase_account(steps[i], len(steps), _sampled(session))}
+            "phases": phase_account(steps[i], len(steps), _rule(session))}
 
 
 # --- running the engine ----------------------------------------------------------------------

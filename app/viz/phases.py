@@ -9,22 +9,25 @@ from app.viz.tree import show_token
 # at most this many checked nodes are explained one by one (a big tree checks a dozen)
 MAX_EXPLAINED = 6
 
+# The verification rule of a run, as the engine chose it (TreeConfig.samples_drafts): a step
+# record alone cannot tell, since a top-k tree can come out chain-shaped.
+GREEDY, SAMPLED_CHAIN, SAMPLED_TREE = "greedy", "sampled chain", "sampled tree"
 
-def acceptance_rule(step: StepEvent, sampled: bool) -> str:
+
+def acceptance_rule(step: StepEvent, rule: str = GREEDY) -> str:
     """Markdown: the acceptance rule, in this step's numbers, for every node the target checked.
 
-    - greedy: a node is kept iff it is the target's top token there (its p is the largest);
-    - sampling, one node per level (a chain, drafted by *sampling* from q): kept with
-      probability min(1, p/q), else the bonus is drawn from what p has beyond q;
-    - sampling, a wider tree (children are q's top-k): siblings are tried in turn, each kept
-      with its p under what is left of p once the refused ones are removed.
+    - ``GREEDY``: a node is kept iff it is the target's top token there (its p is the largest);
+    - ``SAMPLED_CHAIN`` (drafts *sampled* from q): kept with probability min(1, p/q), else the
+      bonus is drawn from what p has beyond q;
+    - ``SAMPLED_TREE`` (children are q's top-k): siblings are tried in turn, each kept with its
+      p under what is left of p once the refused ones are removed.
     """
     tree = step.tree
     if tree is None or not len(tree) or not tree.p:
         return ""
     checked = [i for i, st in enumerate(tree.status) if st != "unreached"]
     checked.sort(key=lambda i: (tree.depths[i], tree.status[i] != "accepted", i))
-    one_wide = len(set(tree.depths)) == len(tree.depths)
     by_parent = {tree.parents[i]: i for i, st in enumerate(tree.status) if st == "accepted"}
     _, bonus = split_step_text(step)
     bonus_text = f"`{show_token(bonus, escape=False)}`" if len(step.new_tokens) > len(step.accepted) else "the bonus token"
@@ -33,25 +36,25 @@ def acceptance_rule(step: StepEvent, sampled: bool) -> str:
         tok = f"`{show_token(tree.texts[i], escape=False)}`"
         ok = tree.status[i] == "accepted"
         p_i, q_i = tree.p[i], tree.q[i]
-        if not sampled:
+        if rule == GREEDY:
             if ok:
                 lines.append(f"{tok}: the target's top token here (p = {p_i:.2g}) ✓")
             else:
                 top = by_parent.get(tree.parents[i])
                 choice = f"`{show_token(tree.texts[top], escape=False)}`" if top is not None else bonus_text
                 lines.append(f"{tok}: p = {p_i:.2g}, not the target's top token ({choice} is) ✗")
-        elif one_wide:
+        elif rule == SAMPLED_CHAIN:
             keep = min(1.0, p_i / q_i) if q_i > 0 else 0.0
             lines.append(f"{tok}: drawn from q (q = {q_i:.2g}), target p = {p_i:.2g} → kept with probability "
                          f"min(1, p/q) = {keep:.2f} {'✓' if ok else '✗'}")
         else:
             lines.append(f"{tok}: target p = {p_i:.2g} {'✓ kept' if ok else '✗ refused'}")
     more = len(checked) - MAX_EXPLAINED
-    if sampled and one_wide:
+    if rule == SAMPLED_CHAIN:
         head = ("**Why** (sampling, a chain drafted by sampling from the head's q): each token is kept with "
                 "probability min(1, p/q); after a refusal the bonus is drawn from max(0, p − q), renormalised — "
                 "so the output is distributed exactly as the target's.")
-    elif sampled:
+    elif rule == SAMPLED_TREE:
         head = ("**Why** (sampling, a tree of q's top-k guesses): at each node the target tries the children in "
                 "turn, keeping one with its probability under p with the refused ones removed; if all are "
                 "refused, the bonus is drawn from what is left.")
@@ -60,9 +63,9 @@ def acceptance_rule(step: StepEvent, sampled: bool) -> str:
     return head + "\n" + "".join(f"\n- {line}" for line in lines) + (f"\n- … {more} more" if more > 0 else "")
 
 
-def phase_account(step: StepEvent | None, total_steps: int | None = None, sampled: bool = False) -> str:
+def phase_account(step: StepEvent | None, total_steps: int | None = None, rule: str = GREEDY) -> str:
     """Markdown: what the draft head proposed, what the one target forward checked, and what
-    was kept, and why (``acceptance_rule``; ``sampled``: the run samples, temperature > 0).
+    was kept, and why (``acceptance_rule`` under the run's verification ``rule``).
     Token texts are escaped (they may come from a stranger's trace)."""
     if step is None:
         return "_No step to show yet: generate, or load a trace._"
@@ -90,4 +93,4 @@ def phase_account(step: StepEvent | None, total_steps: int | None = None, sample
             f"({tokens}){bonus_part}. {rejected} node{'s' if rejected != 1 else ''} rejected, "
             f"{unreached} never reached.\n\n"
             f"Net: **{len(step.new_tokens)} token{'s' if len(step.new_tokens) != 1 else ''} for one target forward**."
-            + (f"\n\n{why}" if (why := acceptance_rule(step, sampled)) else ""))
+            + (f"\n\n{why}" if (why := acceptance_rule(step, rule)) else ""))
