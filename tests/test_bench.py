@@ -144,10 +144,9 @@ def test_pooling_and_table():
 
 @pytest.mark.parametrize("draft_vocab", [None, 40])
 def test_profile_step_parts_add_up_to_the_step(draft_vocab):
-    """The per-part step profiler (issue 5 part 3) on a tiny engine: every part is measured,
-    the parts add up to the step, and the engine is left unpatched afterwards. With a reduced
-    draft vocabulary the draft's LM-head matmul bypasses ``lm_head`` and must still be
-    counted as the draft LM head, not as Python."""
+    """The per-verb step profiler on a tiny engine: every part is measured, the parts add up
+    to the step, and the engine is left unwrapped afterwards (its own decoder back in place).
+    With a reduced draft vocabulary the draft's LM head is still counted as the draft LM head."""
     import torch
 
     from app.bench.profile_step import PARTS, format_profile, profile_tree
@@ -157,13 +156,15 @@ def test_profile_step_parts_add_up_to_the_step(draft_vocab):
     target = tiny_target()
     vocab = None if draft_vocab is None else torch.arange(draft_vocab)
     engine = Engine(target, random_head(target), draft_vocab=vocab)
+    decoder = engine.decoder
     t = profile_tree(engine, TreeConfig(total_tokens=12, depth=3, top_k=4), "w5 w6 w7 w8", steps=3)
     assert t["steps"] == 3
-    assert t["target forward"] > 0 and t["draft head"] > 0 and t["draft LM head"] > 0
+    for part in ("verify: target forward", "draft: head forwards", "draft: LM head", "accept", "commit", "record"):
+        assert t[part] > 0, part
     assert sum(t.get(k, 0.0) for k in PARTS) == pytest.approx(t["step"], rel=0.05)
-    assert "draft LM head" in format_profile("x", t)
-    assert "forward" not in vars(engine.decoder) and "_draft" not in vars(engine)
-    assert "_draft_logits" not in vars(engine)
+    assert "draft: LM head" in format_profile("x", t)
+    assert engine.decoder is decoder
+    assert not {"draft", "verify", "accept", "commit", "record_tree", "_draft_logits"} & set(vars(engine))
 
 
 def test_bench_sampled_run(tiny_folders, tmp_path, monkeypatch):

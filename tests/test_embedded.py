@@ -49,10 +49,13 @@ def test_cli_jsonl_dynamic_and_vanilla_print_the_same_tokens(embedded_random_hea
         assert [l["type"] for l in lines[:-1]] == ["step"] * (len(lines) - 1) and lines[-1]["type"] == "summary"
         steps, summary = lines[:-1], lines[-1]
         assert summary["token_ids"] == [t for s in steps for t in s["new_tokens"]]
+        assert steps[0]["prefill"] and steps[0]["tree"] is None
         if method == "dynamic":
-            tree = steps[0]["tree"]
+            tree = steps[1]["tree"]
             assert set(tree) == {"root_token", "tokens", "texts", "parents", "depths", "q", "confidence", "p", "status"}
-            assert set(steps[0]) == {"type", "step", "method", "tree", "accepted", "bonus", "new_tokens", "text",
-                                     "draft_ms", "verify_ms", "step_ms"}
+            assert set(steps[1]) == {"type", "step", "method", "tree", "accepted", "bonus", "new_tokens", "text",
+                                     "rule", "drafter", "tree_config", "prefill", "draft_ms", "verify_ms", "step_ms"}
+            assert (steps[1]["rule"], steps[1]["drafter"]) == ("greedy", "eagle2")
+            assert steps[1]["tree_config"] == {"method": "dynamic", "depth": 5, "top_k": 8, "total_tokens": 16}
         outs[method] = summary["token_ids"]
     assert outs["dynamic"] == outs["vanilla"] and len(outs["vanilla"]) > 3

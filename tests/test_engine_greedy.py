@@ -30,7 +30,8 @@ def test_every_policy_matches_hf_generate(tiny_models, seed, method):
     for prompt in PROMPTS:
         steps, summary = run(engine, prompt, tree)
         assert summary.token_ids == hf_greedy(target, prompt, 40)
-        assert summary.target_forwards == len(steps)
+        assert steps[0].prefill and not any(s.prefill for s in steps[1:])
+        assert summary.target_forwards == len(steps) - 1     # decoding forwards: the prefill is not one
     if method != "vanilla":
         # the trained head must actually get drafts accepted, or this test proves little
         assert summary.mean_accepted > 1.2
@@ -63,18 +64,23 @@ def test_knob_extremes_stay_lossless(tiny, cfg):
 
 
 def test_one_token_prompt(tiny):
-    """No target feature exists before the first step: the first tree is empty, then drafting starts."""
+    """A one-token prompt: the prefill gives the first token, and drafting starts at once."""
     target, head = tiny
     steps, summary = run(Engine(target, head), [42], TreeConfig(), n=20)
     assert summary.token_ids == hf_greedy(target, [42], 20)
-    assert len(steps[0].tree.tokens) == 0 and len(steps[1].tree.tokens) > 0
+    assert steps[0].prefill and steps[0].tree is None and len(steps[1].tree.tokens) > 0
 
 
 def test_records_are_consistent(tiny):
     target, head = tiny
     steps, summary = run(Engine(target, head), PROMPTS[0], TreeConfig(depth=4, top_k=4, total_tokens=12), n=40)
     assert [s.step for s in steps] == list(range(len(steps)))
-    for s in steps:
+    first = steps[0]
+    assert first.prefill and first.tree is None and first.tree_config is None and first.drafter is None
+    assert first.new_tokens == [first.bonus] and first.accepted == []
+    for s in steps[1:]:
+        assert not s.prefill and s.rule == "greedy" and s.drafter == "eagle2"
+        assert s.tree_config == {"method": "dynamic", "depth": 4, "top_k": 4, "total_tokens": 12}
         t = s.tree
         n = len(t.tokens)
         assert n <= 12
@@ -103,9 +109,11 @@ def test_records_are_consistent(tiny):
         last = accepted_nodes[-1] if accepted_nodes else -1
         assert s.bonus not in [t.tokens[i] for i, par in enumerate(t.parents) if par == last]
     assert summary.new_tokens == sum(len(s.new_tokens) for s in steps)
-    assert summary.mean_accepted == pytest.approx(summary.new_tokens / len(steps))
+    decoded = summary.new_tokens - len(first.new_tokens)        # the rates leave the prefill out
+    assert summary.target_forwards == len(steps) - 1
+    assert summary.mean_accepted == pytest.approx(decoded / (len(steps) - 1))
+    assert summary.seconds == pytest.approx(sum(s.step_ms for s in steps[1:]) / 1000)
     assert "".join(s.text for s in steps) == summary.text
-    assert summary.seconds == pytest.approx(sum(s.step_ms for s in steps) / 1000)
 
 
 def test_stops_at_eos_and_max_new_tokens():
@@ -145,7 +153,8 @@ def test_recorded_p_is_the_targets_probability(tiny, cfg):
     steps, _ = run(Engine(target, head), prompt, TreeConfig(**cfg), n=24)
     committed = list(prompt)
     checked = 0
-    for s in steps:
+    committed += steps[0].new_tokens        # the prefill's token
+    for s in steps[1:]:
         t = s.tree
         for i, par in enumerate(t.parents):
             path = []

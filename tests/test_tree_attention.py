@@ -99,10 +99,10 @@ def test_cache_after_steps_equals_fresh_forward(tiny, method):
     target, head = tiny
     engine = Engine(target, head)
     cfg = TreeConfig(method=method, depth=4, top_k=4, total_tokens=16)
-    run = engine._prefill([5, 17, 33, 90, 4], cfg, SamplingConfig())
-    generated = []
+    run, first = engine._prefill([5, 17, 33, 90, 4], cfg, SamplingConfig(), 100, cfg)
+    generated = list(first.new_tokens)
     nonfirst = 0
-    for i in range(8):
+    for i in range(1, 9):
         ev = engine._step(run, cfg, SamplingConfig(), i, 100, generated)
         generated += ev.new_tokens
         nonfirst += any(s == "accepted" and d > 1 for s, d in zip(ev.tree.status, ev.tree.depths))

@@ -411,10 +411,12 @@ def _mutate(trace, path, value):
     (("format",), "something-else"), (("version",), 99), (("records",), []),
     (("records", 0, "step"), 5), (("records", 0, "type"), "summary"), (("records", 0, "bonus"), -1),
     (("records", 0, "bonus"), True), (("records", 0, "extra"), 1), (("records", 0, "text"), KeyError),
-    (("records", 0, "tree", "parents", 0), 3), (("records", 0, "tree", "depths", 0), 2),
-    (("records", 0, "tree", "status", 0), "eval"), (("records", 0, "tree", "q", 0), 1.5),
-    (("records", 0, "tree", "texts"), ["x"]), (("records", 0, "tree", "tokens"), list(range(300))),
+    (("records", 1, "tree", "parents", 0), 3), (("records", 1, "tree", "depths", 0), 2),
+    (("records", 1, "tree", "status", 0), "eval"), (("records", 1, "tree", "q", 0), 1.5),
+    (("records", 1, "tree", "texts"), ["x"]), (("records", 1, "tree", "tokens"), list(range(300))),
     (("records", 0, "step_ms"), -1), (("records", 0, "method"), "__import__('os')"),
+    (("records", 1, "rule"), "always"), (("records", 1, "drafter"), "<img>"), (("records", 0, "prefill"), 1),
+    (("records", 1, "tree_config"), {"method": "dynamic", "depth": 0}), (("records", 1, "tree_config"), {"x": 1}),
     (("records", -1, "tokens_per_s"), "fast"), (("settings",), {"prompt": "x", "evil": 1}),
     (("model",), {"k": {"nested": 1}}), (("vanilla",), [{"type": "step"}]),
 ])
@@ -594,7 +596,7 @@ def test_speedup_is_explained_by_its_two_factors(ctx):
     why = re.search(r"Speedup = ([\d.]+) × ([\d.]+) / ([\d.]+) = \*\*([\d.]+)×\*\*", text)
     assert why, text
     tau, ms_v, ms_e, product = map(float, why.groups())
-    steps = session.steps
+    steps = [s for s in session.steps if not s.prefill]
     assert tau == pytest.approx(sum(len(s.new_tokens) for s in steps) / len(steps), abs=0.006)
     assert ms_e == pytest.approx(sum(s.step_ms for s in steps) / len(steps), abs=0.06)
     assert product == pytest.approx(speedup(steps, session.race_vanilla.steps), abs=0.006)

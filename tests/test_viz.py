@@ -1,6 +1,8 @@
 """Figure and HTML builders on real step records from the tiny engine (no server)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import plotly.graph_objects as go
 import pytest
 
@@ -100,7 +102,7 @@ def test_stream_escapes_hostile_text():
 def test_race_curves_and_speedup(run):
     steps, summary = run
     xs, ys = race.curve(steps)
-    assert xs == sorted(xs) and ys[-1] == summary.new_tokens
+    assert xs == sorted(xs) and ys[-1] == summary.new_tokens - len(steps[0].new_tokens)   # the prefill is untimed
     assert race.speedup(steps, steps) == pytest.approx(1.0)
     fig = race.race_figure(steps, steps[:3])
     assert [t.name for t in fig.data] == ["EAGLE", "vanilla"]
@@ -110,7 +112,7 @@ def test_insight_figures_agree_with_records(run):
     steps, summary = run
     assert list(insights.depth_figure(steps).data[0].y) == pytest.approx(acceptance_by_depth(steps))
     centres, rate, counts = insights.calibration_bins(steps)
-    assert counts.sum() == sum(len(s.tree) for s in steps)
+    assert counts.sum() == sum(len(s.tree) for s in steps if s.tree is not None)
     per_step = insights.tokens_per_step_figure(steps)
     assert sum(per_step.data[0].y) + sum(per_step.data[1].y) == summary.new_tokens
     assert len(insights.calibration_figure(steps).data) == 2
@@ -186,13 +188,14 @@ def test_phase_account_explains_each_checked_node_by_the_rule_in_force(tiny):
     """Greedy: every checked node is the target's top token (kept) or not (refused, with the
     token the target chose); sampled chains: min(1, p/q) in the step's own numbers."""
     from app.engine.config import SamplingConfig
-    from app.viz.phases import GREEDY, SAMPLED_CHAIN, SAMPLED_TREE, acceptance_rule
+    from app.engine.verify import GREEDY, SAMPLED_CHAIN, SAMPLED_TREE
+    from app.viz.phases import acceptance_rule
 
     target, head = tiny
     engine = Engine(target, head)
     *steps, _ = engine.generate(prompt_ids=[5, 17, 33, 90], max_new_tokens=40,      # small trees: all explained
                                 tree=TreeConfig(depth=2, top_k=2, total_tokens=4))
-    step = next(s for s in steps if "rejected" in s.tree.status and "accepted" in s.tree.status)
+    step = next(s for s in steps[1:] if "rejected" in s.tree.status and "accepted" in s.tree.status)
     text = phase_account(step, len(steps))
     assert "**Why** (greedy)" in text
     lines = [x for x in text.splitlines() if x.startswith("- `")]
@@ -206,26 +209,19 @@ def test_phase_account_explains_each_checked_node_by_the_rule_in_force(tiny):
                                                                                      total_tokens=3),
                                       sampling=SamplingConfig(temperature=1.0, seed=5), max_new_tokens=30)
     checked = next(s for s in chain_steps if s.tree and "rejected" in s.tree.status)
-    why = acceptance_rule(checked, SAMPLED_CHAIN)
+    assert checked.rule == SAMPLED_CHAIN
+    why = acceptance_rule(checked)
     assert "min(1, p/q)" in why
     i = checked.tree.status.index("rejected")
     expected = min(1.0, checked.tree.p[i] / checked.tree.q[i])
     assert f"min(1, p/q) = {expected:.2f} ✗" in why
-    assert acceptance_rule(checked, GREEDY).startswith("**Why** (greedy)")
-    # the rule comes from the run, not the tree's shape: a top-k tree cut to a chain by its
-    # total_tokens was verified as fixed candidates, so no min(1, p/q) is claimed for it
-    from app.ui import handlers
-    from app.ui.session import Session
-
-    session = Session()
-    session.settings = {"temperature": 1.0, "method": "dynamic", "top_k": 4}
-    assert handlers._rule(session) == SAMPLED_TREE
-    session.settings = {"temperature": 1.0, "method": "dynamic", "top_k": 1}
-    assert handlers._rule(session) == SAMPLED_CHAIN
-    session.settings = {"temperature": 0.0, "method": "chain", "top_k": 1}
-    assert handlers._rule(session) == GREEDY
+    assert acceptance_rule(replace(checked, rule=GREEDY)).startswith("**Why** (greedy)")
+    assert step.rule == GREEDY
+    # the rule is the one the engine ran, not read off the tree's shape: a top-k tree cut to
+    # a chain by its total_tokens was verified as fixed candidates, so no min(1, p/q) is claimed
     *cut, _ = engine.generate(prompt_ids=[5, 17, 33, 90, 4], tree=TreeConfig(method="dynamic", depth=2, top_k=4,
                                                                               total_tokens=2),
                               sampling=SamplingConfig(temperature=1.0, seed=5), max_new_tokens=20)
     chain_shaped = next(s for s in cut if s.tree and len(set(s.tree.depths)) == len(s.tree))
-    assert "min(1, p/q)" not in acceptance_rule(chain_shaped, SAMPLED_TREE)
+    assert chain_shaped.rule == SAMPLED_TREE
+    assert "min(1, p/q)" not in acceptance_rule(chain_shaped)

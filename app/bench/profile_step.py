@@ -3,20 +3,19 @@
     python -m app.bench.profile_step --draft-model /tmp/randhead --trees 60/5/10,24/5/8,8/3/4
     python -m app.bench.profile_step --forward-costs --dtype bfloat16
 
-Instruments a real ``Engine`` by wrapping (never editing) the pieces one step is made of,
+Instruments a real ``Engine`` by wrapping (never editing) the verbs one step is made of
+(``Engine.draft / verify / accept / commit / record_tree``) and the model calls inside them,
 and times each with ``perf_counter`` (CUDA synchronised):
 
-    target forward     the decoder stack over [root, nodes]    (engine.decoder)
-    target LM head     logits for every verified row           (engine.lm_head outside drafting)
-    draft head         the head's forwards, one per level      (engine.head)
-    draft LM head      the full-vocabulary LM head on drafted features (engine.lm_head inside _draft)
-    draft softmax+topk the proposals' softmax and top-k
-    tree mask          tree.tree_attention_mask for the verify forward
-    acceptance         verify.logits_to_probs + greedy/sequential verification
-    cache ops          kv.keep_positions / kv.crop (KV commit and the head's crop)
-    step record        Engine._tree_record (texts, p of each node) and detokenising
-    python (draft)     the rest of drafting: tree policy bookkeeping, draft masks, tensors
-    python (other)     the rest of the step
+    draft: head forwards        the head's forwards, one per level           (engine.head)
+    draft: LM head              the draft's LM head on predicted features    (engine._draft_logits)
+    draft: tree policy + top-k  the rest of drafting: q's top-k, tree bookkeeping, draft masks
+    verify: target forward      the decoder stack over [root, nodes]         (engine.decoder)
+    verify: LM head + mask      the rest of verify: tree mask, logits of the visited rows
+    accept                      greedy / sequential / chain verification (and softmax of p)
+    commit                      KV commit of the accepted path, detokenising
+    record                      the step record's tree (texts, p of each node)
+    other                       the rest of the step
 
 A random head is fine here (and labelled so): dynamic trees have the same shape whatever the
 head accepts, and a step costs the same. ``--forward-costs`` prints T(n), the target's
@@ -33,111 +32,78 @@ from collections import defaultdict
 
 import torch
 
-PARTS = ("target forward", "target LM head", "draft head", "draft LM head", "draft softmax+topk", "tree mask",
-         "acceptance", "cache ops", "step record", "python (draft)", "python (other)")
+PARTS = ("draft: head forwards", "draft: LM head", "draft: tree policy + top-k", "verify: target forward",
+         "verify: LM head + mask", "accept", "commit", "record", "other")
+# verb -> the parts measured inside it; the verb's remainder is charged to the last name
+_VERBS = {"draft": ("draft: head forwards", "draft: LM head", "draft: tree policy + top-k"),
+          "verify": ("verify: target forward", "verify: LM head + mask"),
+          "accept": ("accept",), "commit": ("commit",), "record_tree": ("record",)}
 
 
 class StepProfiler:
-    """Wraps an engine's parts with timers; ``totals`` accumulates ms per part."""
+    """Wraps an engine's verbs and model calls with timers; ``totals`` accumulates ms per part.
 
-    def __init__(self, engine, draft_lm_dtype: torch.dtype | None = None):
+    The wrappers are instance attributes, removed again on exit: the class stays untouched."""
+
+    def __init__(self, engine):
         self.engine = engine
-        # Experiment (suggestion 1 of benchmarks/cpu-profile.md): run the *draft's* LM head on a
-        # copy of the weight in another dtype; the target's verify LM head is untouched.
-        self.draft_lm_weight = (engine.lm_head.weight.detach().to(draft_lm_dtype)
-                                if draft_lm_dtype is not None and draft_lm_dtype != engine.target.dtype else None)
         self.totals: dict[str, float] = defaultdict(float)
-        self.in_draft = False
         self.sync = torch.cuda.synchronize if engine.target.device.type == "cuda" else (lambda: None)
 
-    def _timed(self, fn, name_of):
+    def _timed(self, fn, name):
         def wrapper(*a, **kw):
             self.sync()
             t0 = time.perf_counter()
             out = fn(*a, **kw)
             self.sync()
-            self.totals[name_of() if callable(name_of) else name_of] += (time.perf_counter() - t0) * 1e3
+            self.totals[name] += (time.perf_counter() - t0) * 1e3
+            return out
+        return wrapper
+
+    def _verb(self, fn, parts):
+        """Time a whole verb; what its inner parts did not account for goes to ``parts[-1]``."""
+        def wrapper(*a, **kw):
+            inner = parts[:-1]
+            before = sum(self.totals[k] for k in inner)
+            self.sync()
+            t0 = time.perf_counter()
+            out = fn(*a, **kw)
+            self.sync()
+            total = (time.perf_counter() - t0) * 1e3
+            self.totals[parts[-1]] += max(0.0, total - (sum(self.totals[k] for k in inner) - before))
             return out
         return wrapper
 
     @contextlib.contextmanager
     def installed(self):
-        import app.engine.engine as eng
-        from app.engine import kv, verify
-
         e = self.engine
-        patches = []   # (object, attribute, original)
+        wrapped = []   # (object, attribute, the instance's own value or None)
 
-        def patch(obj, attr, new):
-            patches.append((obj, attr, getattr(obj, attr)))
+        def wrap(obj, attr, new):
+            wrapped.append((obj, attr, vars(obj).get(attr)))
             setattr(obj, attr, new)
 
-        patch(e.decoder, "forward", self._timed(e.decoder.forward, "target forward"))
-        lm_forward = e.lm_head.forward
-
-        def lm_head(x):
-            if self.in_draft and self.draft_lm_weight is not None:
-                w = self.draft_lm_weight
-                return torch.nn.functional.linear(x.to(w.dtype), w).to(x.dtype)
-            return lm_forward(x)
-        patch(e.lm_head, "forward", self._timed(lm_head, lambda: "draft LM head" if self.in_draft else "target LM head"))
         if e.head is not None:
-            patch(e.head, "forward", self._timed(e.head.forward, "draft head"))
-        if e.draft_vocab is not None:   # the reduced draft vocabulary's matmul bypasses lm_head
-            patch(e, "_draft_logits", self._timed(e._draft_logits, "draft LM head"))
-        patch(eng, "tree_attention_mask", self._timed(eng.tree_attention_mask, "tree mask"))
-        for name in ("greedy_verify", "sequential_verify", "chain_verify", "logits_to_probs"):
-            patch(verify, name, self._timed(getattr(verify, name), lambda: "draft softmax+topk" if self.in_draft else "acceptance"))
-        for name in ("keep_positions", "crop"):
-            patch(kv, name, self._timed(getattr(kv, name), "cache ops"))
-        patch(e, "_tree_record", self._timed(e._tree_record, "step record"))
-        patch(e, "decode", self._timed(e.decode, "step record"))
-        for name in ("softmax", "topk", "logsumexp"):
-            original = getattr(torch, name)
-
-            def during_draft_only(*a, _f=original, **kw):
-                if not self.in_draft:
-                    return _f(*a, **kw)
-                t0 = time.perf_counter()
-                out = _f(*a, **kw)
-                self.totals["draft softmax+topk"] += (time.perf_counter() - t0) * 1e3
-                return out
-            patch(torch, name, during_draft_only)
-
-        draft = e._draft
-
-        def draft_wrapper(*a, **kw):
-            before = {k: self.totals[k] for k in ("draft head", "draft LM head", "draft softmax+topk", "cache ops")}
-            self.in_draft = True
-            t0 = time.perf_counter()
-            try:
-                return draft(*a, **kw)
-            finally:
-                self.sync()
-                self.in_draft = False
-                total = (time.perf_counter() - t0) * 1e3
-                inner = sum(self.totals[k] - v for k, v in before.items())
-                self.totals["draft (all)"] += total
-                self.totals["python (draft)"] += max(0.0, total - inner)
-        patch(e, "_draft", draft_wrapper)
+            wrap(e.head, "forward", self._timed(e.head.forward, "draft: head forwards"))
+        wrap(e, "_draft_logits", self._timed(e._draft_logits, "draft: LM head"))
+        wrap(e, "decoder", self._timed(e.decoder, "verify: target forward"))
+        for verb, parts in _VERBS.items():
+            wrap(e, verb, self._verb(getattr(e, verb), parts))
         try:
             yield self
         finally:
-            for obj, attr, original in reversed(patches):
-                if obj is e or obj is e.decoder or obj is e.lm_head or obj is e.head:
-                    try:
-                        delattr(obj, attr)      # back to the class attribute
-                        continue
-                    except AttributeError:
-                        pass
-                setattr(obj, attr, original)
+            for obj, attr, own in reversed(wrapped):
+                if own is not None:
+                    setattr(obj, attr, own)     # an attribute the instance had (engine.decoder)
+                else:
+                    delattr(obj, attr)          # back to the class attribute
 
 
-def profile_tree(engine, tree, prompt: str, steps: int, warmup: int = 2, draft_lm_dtype=None) -> dict:
+def profile_tree(engine, tree, prompt: str, steps: int, warmup: int = 2) -> dict:
     """Mean ms per step for each part over ``steps`` steps (after ``warmup`` untimed ones)."""
     from app.engine.config import SamplingConfig
 
-    prof = StepProfiler(engine, draft_lm_dtype)
+    prof = StepProfiler(engine)
     n_steps, step_ms = 0, 0.0
     gen = engine.generate(prompt, tree=tree, sampling=SamplingConfig(), max_new_tokens=warmup + steps + 64)
     with prof.installed():
@@ -145,7 +111,7 @@ def profile_tree(engine, tree, prompt: str, steps: int, warmup: int = 2, draft_l
             if event.type != "step":
                 break
             if event.step == warmup - 1:
-                prof.totals.clear()          # the first steps read the prompt into the head
+                prof.totals.clear()          # the prefill and step 1 (which reads the prompt into the head)
             if event.step >= warmup:
                 n_steps += 1
                 step_ms += event.step_ms
@@ -153,9 +119,9 @@ def profile_tree(engine, tree, prompt: str, steps: int, warmup: int = 2, draft_l
                 break
         gen.close()
     t = {k: v / max(1, n_steps) for k, v in prof.totals.items()}
-    measured = sum(t.get(k, 0.0) for k in PARTS if k != "python (other)")
+    measured = sum(t.get(k, 0.0) for k in PARTS if k != "other")
     t["step"] = step_ms / max(1, n_steps)
-    t["python (other)"] = max(0.0, t["step"] - measured)
+    t["other"] = max(0.0, t["step"] - measured)
     t["steps"] = n_steps
     return t
 
@@ -182,8 +148,6 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = leave as is)")
     p.add_argument("--prompt", default="Write a short story about a robot who learns to paint, in five paragraphs.")
-    p.add_argument("--draft-lm-dtype", default=None, choices=("bfloat16", "float16", "float32"),
-                   help="experiment: the draft's LM head on a copy of the weight in this dtype")
     p.add_argument("--forward-costs", action="store_true", help="print the target's forward cost T(n) instead")
     args = p.parse_args(argv)
     if args.threads:
@@ -210,10 +174,9 @@ def main(argv=None) -> int:
         else:
             total, depth, top_k = (int(x) for x in spec.split("/"))
             tree = TreeConfig(method="dynamic", total_tokens=total, depth=depth, top_k=top_k)
-        dl = getattr(torch, args.draft_lm_dtype) if args.draft_lm_dtype else None
-        t = profile_tree(engine, tree, args.prompt, args.steps, draft_lm_dtype=dl)
+        t = profile_tree(engine, tree, args.prompt, args.steps)
         print()
-        print(format_profile(f"{tree.method} {spec}" + (f" (draft LM head in {args.draft_lm_dtype})" if dl else ""), t))
+        print(format_profile(f"{tree.method} {spec}", t))
         sys.stdout.flush()
     print(f"\nload average at end {os.getloadavg()[0]:.2f}")
     return 0

@@ -3,9 +3,9 @@
 What "tokens/s" means here (the same for every row of the table): decoding speed after the
 prompt is in the cache, i.e. prefill excluded.
 
-* Engine methods (vanilla and the tree policies): ``RunSummary.seconds`` is the sum of the
-  step times, from the first step (the forward that consumes the last prompt token and
-  yields the first new token) to the last. The engine's prefill covers prompt[:-1] only.
+* Engine methods (vanilla and the tree policies): the prefill (step 0) reads the whole prompt
+  and yields the first new token, as ``generate``'s does; ``RunSummary.seconds`` is the sum
+  of the step times after it, and only the tokens of those steps are counted.
 * ``hf`` / ``hf-pld`` (transformers ``generate``): a streamer timestamps every batch of
   tokens ``generate`` emits. Its first batch comes out of the prefill forward (for hf-pld
   the prefill also verifies the first lookup), so we time from that first batch to the
@@ -166,6 +166,7 @@ def run_engine(engine, spec: MethodSpec, suite: str, qid, prompt_ids: list[int],
                max_new_tokens: int) -> RunRecord:
     """One ``Engine.generate``; totals and acceptance counts from its step records."""
     draft = verify = step = 0.0
+    timed = 0                         # tokens of the decoding steps (the prefill's first token is untimed)
     reached: list[int] = []
     accepted: list[int] = []
     summary = None
@@ -174,6 +175,9 @@ def run_engine(engine, spec: MethodSpec, suite: str, qid, prompt_ids: list[int],
         if event.type == "summary":
             summary = event
             continue
+        if event.prefill:
+            continue
+        timed += len(event.new_tokens)
         draft += event.draft_ms
         verify += event.verify_ms
         step += event.step_ms
@@ -188,7 +192,7 @@ def run_engine(engine, spec: MethodSpec, suite: str, qid, prompt_ids: list[int],
                 accepted[d - 1] += int(k >= d)
     t = spec.tree
     return RunRecord(suite=suite, question_id=qid, method=spec.label, new_tokens=summary.new_tokens,
-                     timed_tokens=summary.new_tokens, seconds=summary.seconds, forwards=summary.target_forwards,
+                     timed_tokens=timed, seconds=summary.seconds, forwards=summary.target_forwards,
                      draft_ms=draft, verify_ms=verify, step_ms=step, depth_reached=reached,
                      depth_accepted=accepted, token_ids=list(summary.token_ids), text=summary.text,
                      tree={"total_tokens": t.total_tokens, "depth": t.depth, "top_k": t.top_k}

@@ -376,8 +376,9 @@ def calibrate(engine, prompts=CALIBRATION_SETTINGS["prompts"], depth: int = CALI
         for event in engine.generate(prompt, tree=big, sampling=greedy, max_new_tokens=max_new_tokens):
             if event.type != "step":
                 continue
-            if event.step == 0:
-                continue  # the first step also reads the whole prompt into the head: not typical
+            if event.prefill or event.step == 1:
+                continue  # the prefill has no tree; step 1 also reads the whole prompt into the head
+
             tree = event.tree
             chain = top1_chain(tree.parents, tree.confidence)
             steps.append([[d, c, 1 if s == "accepted" else 0, k]
@@ -388,7 +389,7 @@ def calibrate(engine, prompts=CALIBRATION_SETTINGS["prompts"], depth: int = CALI
     vanilla = []
     for event in engine.generate(prompts[0], tree=TreeConfig(method="vanilla"), sampling=greedy,
                                  max_new_tokens=vanilla_tokens):
-        if event.type == "step" and event.step > 0:
+        if event.type == "step" and not event.prefill:
             vanilla.append(event.step_ms)
     return Calibration(steps=steps, draft_ms=draft_ms, verify_ms=verify_ms, step_ms=step_ms,
                        vanilla_step_ms=vanilla, depth=depth, top_k=top_k, total_tokens=total_tokens)

@@ -100,6 +100,15 @@ class TreeConfig:
             if len(path) > 1 and path[:-1] not in paths:
                 raise ValueError(f"static_shape path {path!r} has no parent path {path[:-1]!r}")
 
+    def shape(self) -> dict:
+        """The knobs that shaped this tree, for the step records (``StepEvent.tree_config``)."""
+        out = {"method": self.method, "depth": self.depth, "top_k": self.top_k, "total_tokens": self.total_tokens}
+        if self.method == "threshold":
+            out.update(tau_high=self.tau_high, tau_low=self.tau_low)
+        if self.min_confidence > 0:
+            out["min_confidence"] = self.min_confidence
+        return out
+
     @property
     def uses_draft(self) -> bool:
         return self.method != "vanilla"

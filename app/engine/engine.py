@@ -1,4 +1,4 @@
-"""The decoding loop: draft -> verify -> accept -> commit, one StepEvent per target forward.
+"""The decoding loop: draft -> verify -> accept -> commit -> record, one StepEvent per target forward.
 
 State of a generation (``_Run``), with x the committed tokens (prompt + output, m of them):
 
@@ -9,7 +9,9 @@ State of a generation (``_Run``), with x the committed tokens (prompt + output, 
                    read yet: after a step, the root and the accepted path with their *true*
                    features (f from the verify forward), paired with the next token
 
-One step (Medusa-style four verbs, EAGLE-2 inside them):
+The prefill (step 0) reads the whole prompt in one target forward and takes the first answer
+token from its last row, as plain decoding does; from step 1 on, every step is five verbs
+(Medusa's loop, EAGLE-2 inside it), each a method below:
 
     draft    the head reads the pending pairs; its last output predicts the feature at the
              root, whose LM-head distribution proposes the root's children; each further
@@ -21,13 +23,14 @@ One step (Medusa-style four verbs, EAGLE-2 inside them):
     accept   verify.greedy_verify / sequential_verify / chain_verify -> path + bonus token.
     commit   keep only the root and the accepted path in the target cache; queue their
              features as the head's next pending pairs.
+    record   the StepEvent: the tree with every node's fate, the rule that ran, timings.
 
 Vanilla decoding runs the same target forward with a single token and no tree.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator
 
 import torch
@@ -40,10 +43,10 @@ from app.engine.loading import Target
 from app.engine.tree import ROOT, DraftTree, grow_tree, proposals_needed, tree_attention_mask
 
 
-# Verify rows up to which the target's LM head runs over every row in one call (see _step).
-# Measured on this 2-core CPU (fp32 SmolLM2, V = 49,152, H = 576, 2 threads, best of 7):
+# Verify rows up to which the target's LM head runs over every row in one call (see verify).
+# Measured on a 2-core CPU (fp32 SmolLM2, V = 49,152, H = 576, 2 threads, best of 7):
 # one call over 1 / 2 / 3 / 4 rows 5.4 / 5.5 / 6.6 / 10.9 ms, two 1-row calls 10.9 ms. So for
-# the 1-2 node trees that are fastest here, one batch beats "parents first, leaf on demand".
+# the 1-2 node trees that are fastest there, one batch beats "parents first, leaf on demand".
 LM_HEAD_ALL_ROWS_UP_TO = 3
 
 
@@ -58,6 +61,108 @@ class _Run:
     pending_tokens: list[int]          # the P tokens x[j+1] of those pairs
     generator: torch.Generator
     text: str = ""                     # decoded generated text so far (so each step decodes once)
+
+
+@dataclass
+class _Verified:
+    """What one verify forward produced: rows are [root, node 0, ..., node N-1]."""
+
+    prefix: int                        # committed tokens before the root (= target cache length)
+    root: int
+    hidden: torch.Tensor               # (1, N+1, H) the target's features at every row
+    lm_rows: list[int]                 # rows whose logits were computed in one batch
+    batch: torch.Tensor                # (len(lm_rows), V) their logits
+    logits: verify.LazyRows            # logits[row] (V,), the rest computed on demand
+
+
+class PhaseClock:
+    """Milliseconds between laps, with the device synchronised so that a lap covers work that
+    has finished (CUDA runs asynchronously; on a CPU ``sync`` does nothing)."""
+
+    def __init__(self, device: torch.device):
+        self._sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        self.start = self._last = time.perf_counter()
+        self.ms: dict[str, float] = {}
+
+    def lap(self, name: str) -> None:
+        self._sync()
+        now = time.perf_counter()
+        self.ms[name] = (now - self._last) * 1e3
+        self._last = now
+
+    @property
+    def total_ms(self) -> float:
+        return (self._last - self.start) * 1e3
+
+
+class _Drafting:
+    """One step's drafting state, and ``propose``, the callback ``tree.grow_tree`` calls once
+    per level to get each frontier node's candidate children.
+
+    Positions in the head's cache: the head has read the pairs (f[j], x[j+1]) for
+    j < ``prefix``; the root is x[prefix], so a node at depth d is x[prefix + d], and the pair
+    that feeds it to the head, (f̂[prefix + d - 1], x[prefix + d]), sits at position
+    ``prefix + d - 1`` (``_pair_position``).
+    """
+
+    def __init__(self, engine: "Engine", run: _Run, cfg: TreeConfig, sampling: SamplingConfig,
+                 root_feature: torch.Tensor, prefix: int):
+        self.engine, self.run, self.sampling = engine, run, sampling
+        self.cache = run.draft_cache
+        self.root_feature = root_feature        # (1, 1, H) predicted feature at the root
+        self.prefix = prefix                    # the head's committed length
+        self.node_feature: dict[int, torch.Tensor] = {}   # node -> its predicted feature (H,)
+        self.node_slot: dict[int, int] = {}               # node -> its entry in the head's cache
+        self.k = proposals_needed(cfg)
+        self.sampled_chain = cfg.samples_drafts(sampling)
+        self.chain_q: list[torch.Tensor] = []   # sampled chain: q (V,) each node was drawn from
+
+    def _pair_position(self, node_depth: int) -> int:
+        return self.prefix + node_depth - 1
+
+    def _features(self, tree: DraftTree, frontier: list[int], depth: int) -> torch.Tensor:
+        """(F, H) predicted features of the frontier nodes (at depth - 1): one head forward
+        over their (parent feature, token) pairs; each attends to the committed pairs and to
+        its own ancestors' in-step entries."""
+        if frontier == [ROOT]:
+            return self.root_feature[0]                                                 # (1, H)
+        device, cache, head = self.engine.target.device, self.cache, self.engine.head
+        tokens = torch.tensor([[tree.tokens[n] for n in frontier]], device=device)        # (1, F)
+        parent_feats = torch.stack([self.root_feature[0, 0] if tree.parents[n] == ROOT
+                                    else self.node_feature[tree.parents[n]] for n in frontier])[None]  # (1, F, H)
+        length = kv.cache_length(cache)
+        mask = torch.zeros(len(frontier), length + len(frontier), dtype=torch.bool, device=device)
+        mask[:, :self.prefix] = True
+        for row, n in enumerate(frontier):
+            for a in tree.ancestors(n):
+                mask[row, self.node_slot[a]] = True
+            mask[row, length + row] = True
+        pos = torch.full((1, len(frontier)), self._pair_position(depth - 1), device=device)
+        out = head(head.embed(tokens, self.engine.embedding), parent_feats, pos, mask[None, None], cache)
+        feats = out[0]                                                                 # (F, H)
+        for row, n in enumerate(frontier):
+            self.node_feature[n] = feats[row]
+            self.node_slot[n] = length + row
+        return feats
+
+    def propose(self, tree: DraftTree, frontier: list[int], depth: int):
+        """For each frontier node: (q of its candidate children, their token ids)."""
+        engine = self.engine
+        draft_logits = engine._draft_logits(self._features(tree, frontier, depth))      # (F, V or Vd)
+        if self.sampled_chain:
+            q = verify.logits_to_probs(draft_logits, self.sampling)[0]                  # (V or Vd,)
+            j = verify.sample(q, self.run.generator)   # drawn over the draft vocabulary: no 49k-way draw
+            tok = j if engine.draft_vocab is None else int(engine.draft_vocab[j])
+            q_j = float(q[j])
+            if engine.draft_vocab is not None:   # q over the full vocabulary, 0 outside the draft set
+                q = torch.zeros(engine.lm_head.weight.shape[0], device=q.device).index_copy_(0, engine.draft_vocab, q)
+            self.chain_q.append(q)
+            return [[q_j]], [[tok]]
+        # q of the k best children: exp(logit - logsumexp), no full softmax written
+        top = torch.topk(draft_logits, min(self.k, draft_logits.shape[-1]), dim=-1)
+        q_top = torch.exp(top.values.float() - torch.logsumexp(draft_logits.float(), dim=-1, keepdim=True))
+        ids = top.indices if engine.draft_vocab is None else engine.draft_vocab[top.indices]
+        return q_top.tolist(), ids.tolist()
 
 
 class Engine:
@@ -90,6 +195,11 @@ class Engine:
             bias = getattr(self.lm_head, "bias", None)
             self.draft_lm_bias = bias.index_select(0, self.draft_vocab) if bias is not None else None
 
+    @property
+    def drafter(self) -> str | None:
+        """What proposes this engine's draft nodes (the step records' ``drafter``)."""
+        return getattr(self.head, "kind", "eagle2") if self.head is not None else None
+
     # --- inputs ---------------------------------------------------------------------------
 
     def encode_prompt(self, prompt: str, raw: bool = False) -> list[int]:
@@ -112,85 +222,161 @@ class Engine:
             raise ValueError("prompt must encode to at least one token")
         if tree.uses_draft and self.head is None:
             raise ValueError(f"method {tree.method} needs a draft head, and none is loaded")
-        need = len(prompt_ids) + max_new_tokens + (tree.depth if tree.uses_draft else 0)
-        if need > self.target.max_positions:
+        lookahead = tree.depth if tree.uses_draft else 0    # a step may write a whole path past the answer
+        room = self.target.max_positions - len(prompt_ids) - lookahead
+        if max_new_tokens > room:
             raise ValueError(
-                f"max_new_tokens must be at most {self.target.max_positions - len(prompt_ids) - (tree.depth if tree.uses_draft else 0)} "
-                f"for this prompt: prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) "
-                f"exceeds the model's context of {self.target.max_positions} tokens")
+                f"max_new_tokens must be at most {room} for this prompt: prompt ({len(prompt_ids)} tokens) "
+                f"+ max_new_tokens ({max_new_tokens}) exceeds the model's context of "
+                f"{self.target.max_positions} tokens")
 
     # --- the loop ---------------------------------------------------------------------------
 
     def generate(self, prompt: str | None = None, *, prompt_ids: list[int] | None = None,
                  tree: TreeConfig = TreeConfig(), sampling: SamplingConfig = SamplingConfig(),
-                 max_new_tokens: int = 128, raw: bool = False) -> Iterator[StepEvent | RunSummary]:
-        """Yield one StepEvent per target forward, then a RunSummary.
+                 max_new_tokens: int = 128, raw: bool = False, adapt=None) -> Iterator[StepEvent | RunSummary]:
+        """Yield one StepEvent per target forward (step 0: the prefill), then a RunSummary.
+
+        ``adapt``: an ``app.engine.adapt.TreeAdapter`` that picks each step's tree from the
+        step times and acceptance measured so far (``tree`` is then only its starting point);
+        None decodes every step with ``tree``. Output is the same either way: greedy output
+        never depends on the tree, and sampled output is exact for any tree chosen before
+        its step drafts.
 
         A bad request raises ValueError here, at the call, before any model work. Closing
         the returned iterator stops generation after the current step.
         """
         if prompt_ids is None:
             prompt_ids = self.encode_prompt(prompt, raw=raw)
-        self.check_request(prompt_ids, tree, max_new_tokens)
-        return self._generate(list(prompt_ids), tree, sampling, max_new_tokens)
+        largest = adapt.largest(tree) if adapt is not None else tree
+        self.check_request(prompt_ids, largest, max_new_tokens)
+        return self._generate(list(prompt_ids), tree, sampling, max_new_tokens, adapt, largest)
 
-    def _generate(self, prompt_ids, tree, sampling, max_new_tokens):
-        run = self._prefill(prompt_ids, tree, sampling, max_new_tokens)
-        steps: list[StepEvent] = []
-        seconds = 0.0
-        generated: list[int] = []
-        while len(generated) < max_new_tokens:
-            event = self._step(run, tree, sampling, len(steps), max_new_tokens - len(generated), generated)
-            seconds += event.step_ms / 1000.0
+    def _generate(self, prompt_ids, tree, sampling, max_new_tokens, adapt=None, largest=None):
+        run, first = self._prefill(prompt_ids, tree, sampling, max_new_tokens, largest or tree)
+        steps: list[StepEvent] = [first]
+        generated: list[int] = list(first.new_tokens)
+        yield first
+        if adapt is not None:
+            adapt.start(tree)
+        while len(generated) < max_new_tokens and generated[-1] not in self.eos_ids:
+            step_tree = adapt.next_tree() if adapt is not None else tree
+            event = self._step(run, step_tree, sampling, len(steps), max_new_tokens - len(generated), generated)
+            if adapt is not None:
+                adapt.observe(event)
             steps.append(event)
             generated.extend(event.new_tokens)
             yield event
-            if event.new_tokens and event.new_tokens[-1] in self.eos_ids:
-                break
-        yield summarize(tree.method, steps, seconds, self.decode(generated))
+        yield summarize(tree.method, steps, self.decode(generated))
 
     @torch.inference_mode()
     def _prefill(self, prompt_ids: list[int], tree: TreeConfig, sampling: SamplingConfig,
-                 max_new_tokens: int = 128) -> _Run:
+                 max_new_tokens: int, largest: TreeConfig) -> tuple[_Run, StepEvent]:
+        """Read the whole prompt in one target forward and take the first answer token from
+        its last row (greedy: the argmax; sampling: a draw from p), as plain decoding does.
+        The prompt's features become the head's first pending pairs."""
+        clock = PhaseClock(self.target.device)
         device = self.target.device
         generator = torch.Generator(device=device).manual_seed(sampling.seed)
         # KV buffers sized for the prompt, the answer and one tree (they grow if ever short):
         # a step writes its keys/values in place instead of re-concatenating the cache
-        capacity = len(prompt_ids) + max_new_tokens + (tree.total_tokens + 1 if tree.uses_draft else 1)
+        capacity = len(prompt_ids) + max_new_tokens + (largest.total_tokens + 1 if largest.uses_draft else 1)
         target_cache = kv.preallocated_cache(self.target.model, capacity)
-        features = None
-        if len(prompt_ids) > 1:
-            ids = torch.tensor([prompt_ids[:-1]], device=device)
-            features = self.body(input_ids=ids, cache=target_cache, use_cache=True).last_hidden_state
-        draft_cache = kv.preallocated_cache(None, capacity) if tree.uses_draft else None
-        return _Run(tokens=list(prompt_ids), target_cache=target_cache,
-                    draft_cache=draft_cache, pending_features=features if tree.uses_draft else None,
-                    pending_tokens=list(prompt_ids[1:]) if tree.uses_draft else [], generator=generator)
+        ids = torch.tensor([prompt_ids], device=device)                                      # (1, m)
+        features = self.body(input_ids=ids, cache=target_cache, use_cache=True).last_hidden_state  # (1, m, H)
+        logits = self.lm_head(features[0, -1])                                               # (V,)
+        if sampling.greedy:
+            first = int(logits.argmax())
+        else:
+            first = verify.sample(verify.logits_to_probs(logits, sampling), generator)
+        clock.lap("verify")
+        uses_draft = largest.uses_draft
+        run = _Run(tokens=list(prompt_ids) + [first], target_cache=target_cache,
+                   draft_cache=kv.preallocated_cache(None, capacity) if uses_draft else None,
+                   pending_features=features if uses_draft else None,
+                   pending_tokens=list(prompt_ids[1:]) + [first] if uses_draft else [], generator=generator)
+        run.text = self.decode([first])
+        event = StepEvent(step=0, method=tree.method, tree=None, accepted=[], bonus=first, new_tokens=[first],
+                          text=run.text, rule=verify.rule_for(None, sampling), drafter=None, tree_config=None,
+                          prefill=True, draft_ms=0.0, verify_ms=clock.ms["verify"], step_ms=clock.total_ms)
+        return run, event
 
     @torch.inference_mode()
     def _step(self, run: _Run, tree_cfg: TreeConfig, sampling: SamplingConfig, index: int,
               budget: int, generated: list[int]) -> StepEvent:
-        sync = torch.cuda.synchronize if self.target.device.type == "cuda" else (lambda: None)
-        t0 = time.perf_counter()
-        if tree_cfg.uses_draft:
-            tree, draft_q = self._draft(run, tree_cfg, sampling)
-        else:
-            tree, draft_q = DraftTree(), None
-        sync()
-        t1 = time.perf_counter()
+        """One decoding step, as its five verbs."""
+        clock = PhaseClock(self.target.device)
+        tree, draft_q = self.draft(run, tree_cfg, sampling)
+        clock.lap("draft")
+        verified = self.verify(run, tree)
+        rule = verify.rule_for(tree_cfg, sampling)
+        path, bonus = self.accept(verified, tree, rule, sampling, draft_q, run.generator)
+        clock.lap("verify")
+        accepted, new_tokens, text = self.commit(run, verified, tree, path, bonus, budget, generated)
+        tree_record = self.record_tree(verified, tree, path, sampling) if tree_cfg.uses_draft else None
+        clock.lap("record")
+        return StepEvent(step=index, method=tree_cfg.method, tree=tree_record, accepted=accepted,
+                         bonus=bonus, new_tokens=new_tokens, text=text, rule=rule,
+                         drafter=self.drafter if tree_cfg.uses_draft else None,
+                         tree_config=tree_cfg.shape() if tree_cfg.uses_draft else None,
+                         draft_ms=clock.ms["draft"], verify_ms=clock.ms["verify"], step_ms=clock.total_ms)
 
-        # verify: one forward over the root and all nodes
+    # --- draft ------------------------------------------------------------------------------
+
+    def draft(self, run: _Run, cfg: TreeConfig, sampling: SamplingConfig) -> tuple[DraftTree, torch.Tensor | None]:
+        """Grow this step's draft tree with the head. Returns the tree and, for a sampled
+        chain, the draft distributions q (N, V) its tokens were drawn from."""
+        if not cfg.uses_draft:
+            return DraftTree(), None
+        root_feature, prefix = self._read_pending(run)
+        if root_feature is None:
+            return DraftTree(), None  # a one-token prompt: no feature to draft from yet
+        drafting = _Drafting(self, run, cfg, sampling, root_feature, prefix)
+        tree = grow_tree(cfg, drafting.propose)
+        kv.crop(run.draft_cache, prefix)          # drop the in-step entries: only committed pairs stay
+        q = torch.stack(drafting.chain_q[: len(tree)]) if drafting.sampled_chain and len(tree) else None
+        return tree, q
+
+    def _read_pending(self, run: _Run) -> tuple[torch.Tensor | None, int]:
+        """The head reads the pending pairs (causal among themselves, all of its cache before
+        them). Returns its last output, the predicted feature at the root (1, 1, H), and the
+        head's committed length after reading."""
+        cache, device = run.draft_cache, self.target.device
+        base = kv.cache_length(cache)
+        n_pending = len(run.pending_tokens)
+        if n_pending == 0:
+            return None, base
+        emb = self.head.embed(torch.tensor([run.pending_tokens], device=device), self.embedding)   # (1, P, H)
+        pos = torch.arange(base, base + n_pending, device=device)[None]                              # (1, P)
+        mask = torch.ones(n_pending, base + n_pending, dtype=torch.bool, device=device).tril(base)[None, None]
+        out = self.head(emb, run.pending_features, pos, mask, cache)                                # (1, P, H)
+        run.pending_features, run.pending_tokens = None, []
+        return out[:, -1:], base + n_pending
+
+    def _draft_logits(self, feats: torch.Tensor) -> torch.Tensor:
+        """(F, H) predicted features -> (F, V) logits, or (F, Vd) over the draft vocabulary."""
+        if self.draft_vocab is None:
+            return self.lm_head(feats)
+        logits = feats @ self.draft_lm_weight.T
+        return logits + self.draft_lm_bias if self.draft_lm_bias is not None else logits
+
+    # --- verify -----------------------------------------------------------------------------
+
+    def verify(self, run: _Run, tree: DraftTree) -> _Verified:
+        """ONE target forward over [root, nodes] with the tree attention mask; the LM head over
+        the rows verification can visit."""
+        device = self.target.device
         prefix = len(run.tokens) - 1
         root = run.tokens[-1]
-        ids = torch.tensor([[root] + tree.tokens], device=self.target.device)
-        positions = torch.tensor([[prefix] + [prefix + d for d in tree.depths]], device=self.target.device)
+        ids = torch.tensor([[root] + tree.tokens], device=device)                            # (1, N+1)
+        positions = torch.tensor([[prefix] + [prefix + d for d in tree.depths]], device=device)
         if len(tree):
-            local = tree_attention_mask(tree.parents, device=self.target.device)     # (N+1, N+1)
-            mask = torch.cat([torch.ones(len(tree) + 1, prefix, dtype=torch.bool, device=self.target.device),
-                              local], dim=1)[None, None]                               # (1, 1, N+1, prefix+N+1)
+            local = tree_attention_mask(tree.parents, device=device)                          # (N+1, N+1)
+            mask = torch.cat([torch.ones(len(tree) + 1, prefix, dtype=torch.bool, device=device),
+                              local], dim=1)[None, None]                                       # (1, 1, N+1, prefix+N+1)
         else:
             mask = None  # a single query attends to the whole cache: the default causal mask
-        hidden = self.decoder(ids, positions, mask, run.target_cache)                 # (1, N+1, H)
+        hidden = self.decoder(ids, positions, mask, run.target_cache)                        # (1, N+1, H)
 
         # lm_rows: where the LM head runs, in one batch. Normally only rows verification can
         # visit: the root and every node with children, plus the accepted leaf (for its bonus)
@@ -202,25 +388,36 @@ class Engine:
             lm_rows = list(range(len(tree) + 1))
         else:
             lm_rows = sorted({0} | {par + 1 for par in tree.parents})
-        batch = self.lm_head(hidden[0, lm_rows])                                       # (R, V)
+        batch = self.lm_head(hidden[0, lm_rows])                                              # (R, V)
         logits = verify.LazyRows(lambda r: self.lm_head(hidden[0, r]), dict(zip(lm_rows, batch)))
-        p = verify.LazyRows(lambda r: verify.logits_to_probs(logits[r], sampling))
-        children = tree.children()
-        if sampling.greedy:
-            path, bonus = verify.greedy_verify(logits, tree.tokens, children)
-        elif tree_cfg.samples_drafts(sampling):      # a chain drafted by sampling from q
-            path, bonus = verify.chain_verify(p, draft_q, tree.tokens, run.generator)
-        else:
-            path, bonus = verify.sequential_verify(p, tree.tokens, children, run.generator)
-        sync()
-        t2 = time.perf_counter()
+        return _Verified(prefix=prefix, root=root, hidden=hidden, lm_rows=lm_rows, batch=batch, logits=logits)
 
-        # commit: keep the root and the accepted path, everywhere
+    # --- accept -----------------------------------------------------------------------------
+
+    @staticmethod
+    def accept(verified: _Verified, tree: DraftTree, rule: str, sampling: SamplingConfig,
+               draft_q: torch.Tensor | None, generator: torch.Generator) -> tuple[list[int], int]:
+        """The accepted path (node indices from the root down) and the bonus token."""
+        children = tree.children()
+        if rule == verify.GREEDY:
+            return verify.greedy_verify(verified.logits, tree.tokens, children)
+        p = verify.LazyRows(lambda r: verify.logits_to_probs(verified.logits[r], sampling))
+        if rule == verify.SAMPLED_CHAIN:       # a chain drafted by sampling from q
+            return verify.chain_verify(p, draft_q, tree.tokens, generator)
+        return verify.sequential_verify(p, tree.tokens, children, generator)
+
+    # --- commit -----------------------------------------------------------------------------
+
+    def commit(self, run: _Run, verified: _Verified, tree: DraftTree, path: list[int], bonus: int,
+               budget: int, generated: list[int]) -> tuple[list[int], list[int], str]:
+        """Keep the root and the accepted path in the target cache, queue their true features
+        for the head, and extend the sequence. Returns (accepted, new tokens, their text), the
+        new tokens cut at an EOS and at the ``budget`` of tokens left."""
         accepted = [tree.tokens[i] for i in path]
-        keep = [0] + [i + 1 for i in path]
-        kv.keep_positions(run.target_cache, prefix, keep)
+        keep = [0] + [i + 1 for i in path]                 # verify rows: the root, then the path
+        kv.keep_positions(run.target_cache, verified.prefix, keep)
         if run.draft_cache is not None:
-            run.pending_features = hidden[:, keep]           # (1, k+1, H) true features
+            run.pending_features = verified.hidden[:, keep]           # (1, k+1, H) true features
             run.pending_tokens = accepted + [bonus]
         new_tokens = (accepted + [bonus])[:budget]
         for j, t in enumerate(new_tokens):
@@ -228,93 +425,14 @@ class Engine:
                 new_tokens = new_tokens[: j + 1]
                 break
         run.tokens.extend(accepted + [bonus])
-
         full = self.decode(generated + new_tokens)   # decoding the whole answer keeps multi-token characters intact
         text, run.text = full[len(run.text):], full
-        record = self._tree_record(root, tree, path, lm_rows, batch, sampling) if tree_cfg.uses_draft else None
-        sync()
-        t3 = time.perf_counter()
-        return StepEvent(step=index, method=tree_cfg.method, tree=record, accepted=accepted[: len(new_tokens)],
-                         bonus=bonus, new_tokens=new_tokens, text=text,
-                         draft_ms=(t1 - t0) * 1e3, verify_ms=(t2 - t1) * 1e3, step_ms=(t3 - t0) * 1e3)
+        return accepted[: len(new_tokens)], new_tokens, text
 
-    # --- drafting ---------------------------------------------------------------------------
+    # --- record -----------------------------------------------------------------------------
 
-    def _draft(self, run: _Run, cfg: TreeConfig, sampling: SamplingConfig):
-        """Grow this step's draft tree with the head. Returns the tree and, for a sampled
-        chain, the draft distributions q (N, V) its tokens were drawn from."""
-        head, cache = self.head, run.draft_cache
-        device = self.target.device
-        base = kv.cache_length(cache)
-        n_pending = len(run.pending_tokens)
-        if n_pending == 0:
-            return DraftTree(), None  # a one-token prompt: no feature to draft from yet
-
-        # 1. read the pending pairs (causal among themselves, all of the cache before them)
-        emb = head.embed(torch.tensor([run.pending_tokens], device=device), self.embedding)   # (1, P, H)
-        pos = torch.arange(base, base + n_pending, device=device)[None]                         # (1, P)
-        mask = torch.ones(n_pending, base + n_pending, dtype=torch.bool, device=device).tril(base)[None, None]
-        out = head(emb, run.pending_features, pos, mask, cache)                                # (1, P, H)
-        run.pending_features, run.pending_tokens = None, []
-        prefix = base + n_pending        # the head's committed length; in-step entries come after it
-
-        root_feature = out[:, -1:]       # (1, 1, H) predicted feature at the root
-        node_feature: dict[int, torch.Tensor] = {}   # node -> its predicted feature (H,)
-        node_slot: dict[int, int] = {}               # node -> its entry in the head's cache
-        k = proposals_needed(cfg)
-        sampled_chain = cfg.samples_drafts(sampling)
-        chain_q: list[torch.Tensor] = []
-
-        def propose(tree: DraftTree, frontier: list[int], depth: int):
-            if frontier == [ROOT]:
-                feats = root_feature[0]                                                       # (1, H)
-            else:
-                tokens = torch.tensor([[tree.tokens[n] for n in frontier]], device=device)       # (1, F)
-                parent_feats = torch.stack([root_feature[0, 0] if tree.parents[n] == ROOT
-                                            else node_feature[tree.parents[n]] for n in frontier])[None]  # (1, F, H)
-                length = kv.cache_length(cache)
-                mask = torch.zeros(len(frontier), length + len(frontier), dtype=torch.bool, device=device)
-                mask[:, :prefix] = True
-                for row, n in enumerate(frontier):
-                    for a in tree.ancestors(n):
-                        mask[row, node_slot[a]] = True
-                    mask[row, length + row] = True
-                pos = torch.full((1, len(frontier)), prefix + depth - 2, device=device)
-                out = head(head.embed(tokens, self.embedding), parent_feats, pos, mask[None, None], cache)
-                feats = out[0]                                                                 # (F, H)
-                for row, n in enumerate(frontier):
-                    node_feature[n] = feats[row]
-                    node_slot[n] = length + row
-            draft_logits = self._draft_logits(feats)                                        # (F, V or Vd)
-            if sampled_chain:
-                q = verify.logits_to_probs(draft_logits, sampling)[0]                           # (V or Vd,)
-                j = verify.sample(q, run.generator)        # drawn over the draft vocabulary: no 49k-way draw
-                tok = j if self.draft_vocab is None else int(self.draft_vocab[j])
-                q_j = float(q[j])
-                if self.draft_vocab is not None:   # q over the full vocabulary, 0 outside the draft set
-                    q = torch.zeros(self.lm_head.weight.shape[0], device=device).index_copy_(0, self.draft_vocab, q)
-                chain_q.append(q)
-                return [[q_j]], [[tok]]
-            # q of the k best children: exp(logit - logsumexp), no full softmax written
-            top = torch.topk(draft_logits, min(k, draft_logits.shape[-1]), dim=-1)
-            q_top = torch.exp(top.values.float() - torch.logsumexp(draft_logits.float(), dim=-1, keepdim=True))
-            ids = top.indices if self.draft_vocab is None else self.draft_vocab[top.indices]
-            return q_top.tolist(), ids.tolist()
-
-        tree = grow_tree(cfg, propose)
-        kv.crop(cache, prefix)
-        q = torch.stack(chain_q[: len(tree)]) if sampled_chain and len(tree) else None
-        return tree, q
-
-    def _draft_logits(self, feats: torch.Tensor) -> torch.Tensor:
-        """(F, H) predicted features -> (F, V) logits, or (F, Vd) over the draft vocabulary."""
-        if self.draft_vocab is None:
-            return self.lm_head(feats)
-        logits = feats @ self.draft_lm_weight.T
-        return logits + self.draft_lm_bias if self.draft_lm_bias is not None else logits
-
-    def _tree_record(self, root: int, tree: DraftTree, path: list[int], lm_rows: list[int],
-                     row_logits: torch.Tensor, sampling: SamplingConfig) -> DraftTreeRecord:
+    def record_tree(self, verified: _Verified, tree: DraftTree, path: list[int],
+                    sampling: SamplingConfig) -> DraftTreeRecord:
         """The step's tree for consumers: statuses, texts, and p of every node, the target's
         probability of the node's token given its parent (the shaped distribution when
         sampling; plain softmax when greedy, computed as exp(logit - logsumexp) so no
@@ -327,8 +445,9 @@ class Engine:
         for i in path:
             status[i] = "accepted"
         p_nodes: list[float] = []
+        row_logits = verified.batch
         if len(tree):
-            where = {row: j for j, row in enumerate(lm_rows)}
+            where = {row: j for j, row in enumerate(verified.lm_rows)}
             rows = torch.tensor([where[par + 1] for par in tree.parents], device=row_logits.device)
             cols = torch.tensor(tree.tokens, device=row_logits.device)
             if sampling.greedy:
@@ -337,6 +456,6 @@ class Engine:
             else:
                 p_nodes = verify.logits_to_probs(row_logits, sampling)[rows, cols].tolist()
         texts = self.target.tokenizer.batch_decode([[t] for t in tree.tokens]) if len(tree) else []
-        return DraftTreeRecord(root_token=root, tokens=list(tree.tokens), texts=texts,
+        return DraftTreeRecord(root_token=verified.root, tokens=list(tree.tokens), texts=texts,
                                parents=list(tree.parents), depths=list(tree.depths), q=list(tree.q),
                                confidence=list(tree.confidence), p=p_nodes, status=status)

@@ -35,13 +35,19 @@ class DraftTreeRecord:
 class StepEvent:
     """One target forward: what was drafted, what the target accepted, what it added."""
 
-    step: int                       # 0-based index of the target forward
+    step: int                       # 0-based index of the target forward (0: the prefill)
     method: str                     # vanilla | dynamic | static | chain | threshold
     tree: DraftTreeRecord | None    # None for vanilla
     accepted: list[int]             # accepted draft token ids, in order
     bonus: int                      # the token the target itself produced after them
     new_tokens: list[int]           # accepted + [bonus], truncated at EOS / max_new_tokens
     text: str                       # decoded text of new_tokens
+    rule: str = "greedy"            # acceptance rule that ran: greedy | sampled_chain | sampled_tree
+    drafter: str | None = None      # what proposed the nodes: eagle2 | eagle3 | ... | None (no tree)
+    tree_config: dict | None = None # the tree this step used, e.g. {"method": "dynamic", "depth": 2,
+                                    # "top_k": 1, "total_tokens": 2}; None without a draft
+    prefill: bool = False           # step 0: the forward over the whole prompt, whose last row
+                                    # gives the first token (its time is not decoding time)
     draft_ms: float = 0.0
     verify_ms: float = 0.0
     step_ms: float = 0.0
@@ -53,7 +59,10 @@ class StepEvent:
 
 @dataclass(frozen=True)
 class RunSummary:
-    """Totals for one generation. seconds / tokens_per_s cover decoding after the prefill."""
+    """Totals for one generation. ``new_tokens``, ``token_ids`` and ``text`` cover the whole
+    answer; ``seconds``, ``tokens_per_s``, ``target_forwards`` and ``mean_accepted`` cover
+    decoding after the prefill (the first token comes out of the prompt's forward for every
+    method alike, so it is left out of every rate)."""
 
     method: str
     new_tokens: int
@@ -70,14 +79,21 @@ class RunSummary:
         return asdict(self)
 
 
-def summarize(method: str, steps: list[StepEvent], seconds: float, text: str) -> RunSummary:
+def decoding_steps(steps: list[StepEvent]) -> list[StepEvent]:
+    """The steps after the prefill: the ones whose time and tokens make a decoding rate."""
+    return [s for s in steps if not s.prefill]
+
+
+def summarize(method: str, steps: list[StepEvent], text: str) -> RunSummary:
     """Build the summary from the step records alone, so any consumer can recompute it."""
     token_ids = [t for s in steps for t in s.new_tokens]
-    n = len(token_ids)
-    forwards = len(steps)
+    decoding = decoding_steps(steps)
+    n = sum(len(s.new_tokens) for s in decoding)
+    seconds = sum(s.step_ms for s in decoding) / 1000.0
+    forwards = len(decoding)
     return RunSummary(
         method=method,
-        new_tokens=n,
+        new_tokens=len(token_ids),
         seconds=seconds,
         tokens_per_s=n / seconds if seconds > 0 else 0.0,
         target_forwards=forwards,
@@ -116,5 +132,7 @@ def event_from_dict(d: dict) -> StepEvent | RunSummary:
         return RunSummary(**d)
     if kind == "step":
         tree = d.pop("tree")
-        return StepEvent(tree=DraftTreeRecord(**tree) if tree is not None else None, **d)
+        tree_config = d.pop("tree_config", None)
+        return StepEvent(tree=DraftTreeRecord(**tree) if tree is not None else None,
+                         tree_config=dict(tree_config) if tree_config is not None else None, **d)
     raise ValueError(f"unknown record type {kind!r}")

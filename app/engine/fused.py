@@ -47,11 +47,6 @@ class DecoderForward:
         self.body = getattr(model, model.base_model_prefix)
 
     def __call__(self, ids, positions, mask, cache):
-        # through the instance's ``forward`` attribute, so that a profiler
-        # (app/bench/profile_step.py) can wrap one decoder's forward without subclassing
-        return self.forward(ids, positions, mask, cache)
-
-    def forward(self, ids, positions, mask, cache):
         return self.body(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
                          use_cache=True).last_hidden_state
 
@@ -141,7 +136,7 @@ class FusedLlamaDecoder(DecoderForward):
             return F.rms_norm(x, (x.shape[-1],), module.weight, module.variance_epsilon)
         return module(x)
 
-    def forward(self, ids, positions, mask, cache):
+    def __call__(self, ids, positions, mask, cache):
         n = ids.shape[1]
         x = self.body.embed_tokens(ids)                                         # (1, n, H)
         cos, sin = self.body.rotary_emb(x, positions)                           # (1, n, d) each

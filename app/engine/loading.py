@@ -82,7 +82,8 @@ def choose_device(device: str | None = None) -> torch.device:
 
 
 def choose_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
-    """float32 on CPU (exact greedy equality is a float32 property); bf16/fp16 on CUDA."""
+    """The dtype to load in: bf16/fp16 on CUDA; float32 on a CPU, where ``load_target``
+    then measures whether bfloat16 is faster (``precision.auto_cpu_dtype``) for "auto"."""
     if dtype in (None, "", "auto"):
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
@@ -162,6 +163,11 @@ def load_target(name: str | None = None, device: str | None = None, dtype: str |
         source, dtype=dt, trust_remote_code=False, attn_implementation="sdpa")
     model.to(dev).eval()
     model.requires_grad_(False)
+    if dtype in (None, "", "auto") and dev.type == "cpu":
+        from app.engine.precision import auto_cpu_dtype
+
+        dt = auto_cpu_dtype(display, model)
+        model.to(dt)
     return Target(model=model, tokenizer=tokenizer, name=display, device=dev, dtype=dt)
 
 

@@ -27,7 +27,21 @@ from __future__ import annotations
 
 import torch
 
-from app.engine.config import SamplingConfig
+from app.engine.config import SamplingConfig, TreeConfig
+
+# The acceptance rules, as the step records name them (``StepEvent.rule``).
+GREEDY, SAMPLED_CHAIN, SAMPLED_TREE = "greedy", "sampled_chain", "sampled_tree"
+RULES = (GREEDY, SAMPLED_CHAIN, SAMPLED_TREE)
+
+
+def rule_for(tree: TreeConfig | None, sampling: SamplingConfig) -> str:
+    """Which rule verifies a step: greedy at temperature 0; under sampling, ``chain_verify``
+    for a chain whose drafts were sampled from q (``TreeConfig.samples_drafts``), else
+    ``sequential_verify`` (q's top-k as fixed candidates; with no tree at all it simply draws
+    the next token from p)."""
+    if sampling.greedy:
+        return GREEDY
+    return SAMPLED_CHAIN if tree is not None and tree.samples_drafts(sampling) else SAMPLED_TREE
 
 
 def logits_to_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:

@@ -37,15 +37,19 @@ def measure_tau(engine, prompts: list[str], tree: TreeConfig, sampling: Sampling
                 max_new_tokens: int, progress=None) -> dict:
     """Run the engine on each prompt; pooled tau and acceptance by depth, plus each prompt's
     own counts (``per_prompt``), so that runs over parts of a set pool exactly (``pool``).
+    ``new_tokens`` counts the tokens of the decoding steps (the prefill's first token, which
+    every method gets alike, is left out), so tau = new_tokens / target_forwards.
     ``progress(done, total, tau_so_far)`` is called after each prompt."""
     per_prompt = []
     for i, prompt in enumerate(prompts):
         lengths: list[int] = []
+        decoded = 0                    # tokens of the decoding steps (the prefill's first token is not one)
         for event in engine.generate(prompt, tree=tree, sampling=sampling, max_new_tokens=max_new_tokens):
             if getattr(event, "type", None) == "summary":
-                per_prompt.append({"new_tokens": event.new_tokens, "target_forwards": event.target_forwards,
+                per_prompt.append({"new_tokens": decoded, "target_forwards": event.target_forwards,
                                    "seconds": event.seconds})
-            else:
+            elif not event.prefill:
+                decoded += len(event.new_tokens)
                 lengths.append(len(event.accepted))
         counts = [sum(a == d for a in lengths) for d in range(tree.depth + 1)]   # steps accepting d drafts
         per_prompt[-1]["accepted_length_counts"] = counts

@@ -22,7 +22,7 @@ from dataclasses import replace
 import numpy as np
 
 from app.engine.config import SamplingConfig, TreeConfig
-from app.engine.events import StepEvent
+from app.engine.events import StepEvent, decoding_steps
 from app.ui import traces
 from app.ui.pump import BackgroundRun
 from app.ui.requests import (INT_KNOBS, MAX_TEMPERATURE, SWEEP_KNOBS, TREE_KNOBS, Request, build_request,
@@ -30,7 +30,7 @@ from app.ui.requests import (INT_KNOBS, MAX_TEMPERATURE, SWEEP_KNOBS, TREE_KNOBS
 from app.ui.session import Session, VanillaRun
 from app.ui.settings import AppContext
 from app.viz.insights import calibration_figure, depth_figure, explorer_figure, tokens_per_step_figure
-from app.viz.phases import GREEDY, SAMPLED_CHAIN, SAMPLED_TREE, phase_account
+from app.viz.phases import phase_account
 from app.viz.race import race_figure, speedup
 from app.viz.stream import stream_html
 from app.viz.tree import tree_figure
@@ -42,7 +42,8 @@ TRACE_MAX_AGE_S = 3600   # trace files older than this are deleted, so a busy se
 # --- views: pure functions of the session ----------------------------------------------------
 
 def _rate(steps: list[StepEvent]) -> tuple[int, float, float]:
-    """(tokens, engine seconds, tokens/s) of a list of steps."""
+    """(tokens, engine seconds, tokens/s) of a list of steps, after the prefill."""
+    steps = decoding_steps(steps)
     n = sum(len(s.new_tokens) for s in steps)
     t = sum(s.step_ms for s in steps) / 1000.0
     return n, t, (n / t if t > 0 else 0.0)
@@ -65,22 +66,8 @@ def live_view(session: Session, status: str, vanilla_steps: list[StepEvent] | No
             # cost the engine ~10% of its speed at 4 updates/s. The run's first view sets the
             # slider's range once (``_first_view``), the final view shrinks it to the steps made.
             "slider": max(len(steps) - 1, 0),
-            "phases": phase_account(last, len(steps), _rule(session)),
+            "phases": phase_account(last, len(steps)),
             "race": race_figure(steps, vanilla_steps, eagle_label=session.settings.get("method", "EAGLE"))}
-
-
-def _rule(session: Session) -> str:
-    """The verification rule of the run on screen, as the engine chose it from its settings
-    (greedy, or under sampling a chain drafted from q or a top-k tree)."""
-    settings = session.settings
-    try:
-        sampling = SamplingConfig(temperature=float(settings.get("temperature", 0.0)))
-        tree = TreeConfig(method=settings.get("method", "dynamic"), top_k=int(settings.get("top_k", TreeConfig().top_k)))
-    except (TypeError, ValueError):
-        return GREEDY
-    if sampling.greedy:
-        return GREEDY
-    return SAMPLED_CHAIN if tree.samples_drafts(sampling) else SAMPLED_TREE
 
 
 def _identical_note(session: Session) -> str:
@@ -128,6 +115,7 @@ def speedup_decomposition(eagle_steps, vanilla_steps) -> str:
     This is an identity, not a model: tokens/s = tokens per step / seconds per step for each
     run. It says why a speedup is what it is: a step must add more tokens than it costs
     vanilla steps, and where its time goes (draft, verify, the rest)."""
+    eagle_steps, vanilla_steps = decoding_steps(eagle_steps), decoding_steps(vanilla_steps)
     if not eagle_steps or not vanilla_steps:
         return ""
     ms_e = sum(s.step_ms for s in eagle_steps) / len(eagle_steps)
@@ -159,7 +147,7 @@ def final_view(session: Session, status: str) -> dict:
             "race": race_figure(steps, session.race_vanilla.steps if session.race_vanilla else None,
                                 eagle_label=session.settings.get("method", "EAGLE")),
             "slider": (max(last, 0), max(last, 0)),
-            "phases": phase_account(steps[-1] if steps else None, len(steps), _rule(session)),
+            "phases": phase_account(steps[-1] if steps else None, len(steps)),
             "depth": depth_figure(steps), "calibration": calibration_figure(steps),
             "per_step": tokens_per_step_figure(steps)}
     return view
@@ -174,7 +162,7 @@ def replay_view(session: Session, index) -> dict:
         raise ValueError(f"step must be a number, got {index!r}")
     i = int(min(max(int(index), 0), len(steps) - 1))
     return {"stream": stream_html(steps, upto=i, highlight=i), "tree": tree_figure(steps[i]),
-            "phases": phase_account(steps[i], len(steps), _rule(session))}
+            "phases": phase_account(steps[i], len(steps))}
 
 
 # --- running the engine ----------------------------------------------------------------------

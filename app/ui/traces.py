@@ -3,10 +3,14 @@
 A trace holds the settings, a note on the models, the EAGLE run's step records and summary
 (DESIGN.md section 3) and, when the race ran, the vanilla run's records:
 
-    {"format": "eagle-lens-trace", "version": 1,
+    {"format": "eagle-lens-trace", "version": 2,
      "settings": {...}, "model": {...},
      "records": [step, step, ..., summary],
      "vanilla": [step, ..., summary] | null}
+
+Version 2 step records carry ``rule``, ``drafter``, ``tree_config`` and ``prefill`` (step 0
+is the prompt's forward). A version 1 trace (no such fields; its step 0 was the first tree)
+still loads: each step's rule and tree are filled in from the trace's settings, once, here.
 
 Loading never trusts the file: a size cap, strict JSON (no NaN / Infinity), and a schema check
 of every field (types, ranges, list lengths, parents before children) before any record is
@@ -20,16 +24,21 @@ from dataclasses import dataclass
 
 from app.engine.config import METHODS, MAX_DEPTH, MAX_TOTAL_TOKENS
 from app.engine.events import STATUSES, DraftTreeRecord, RunSummary, StepEvent
+from app.engine.verify import RULES
 
 FORMAT = "eagle-lens-trace"
-VERSION = 1
+VERSION = 2
+VERSIONS = (1, 2)
 MAX_STEPS = 4096
 MAX_TOKEN_ID = 2**31 - 1
 MAX_TEXT = 20_000
 SETTING_KEYS = ("prompt", "method", "max_new_tokens", "temperature", "top_p", "seed", "depth",
                 "top_k", "total_tokens", "tau_high", "tau_low", "min_confidence")
-STEP_KEYS = {"type", "step", "method", "tree", "accepted", "bonus", "new_tokens", "text",
-             "draft_ms", "verify_ms", "step_ms"}
+STEP_KEYS_V1 = {"type", "step", "method", "tree", "accepted", "bonus", "new_tokens", "text",
+                "draft_ms", "verify_ms", "step_ms"}
+STEP_KEYS = STEP_KEYS_V1 | {"rule", "drafter", "tree_config", "prefill"}
+DRAFTERS = ("eagle2", "eagle3", "medusa", "lookahead", "pld")
+TREE_CONFIG_KEYS = {"method", "depth", "top_k", "total_tokens", "tau_high", "tau_low", "min_confidence"}
 TREE_KEYS = {"root_token", "tokens", "texts", "parents", "depths", "q", "confidence", "p", "status"}
 SUMMARY_KEYS = {"type", "method", "new_tokens", "seconds", "tokens_per_s", "target_forwards",
                 "mean_accepted", "accepted_by_depth", "token_ids", "text"}
@@ -127,7 +136,43 @@ def _tree(where, t) -> DraftTreeRecord:
                            p=None if t["p"] is None else [float(x) for x in t["p"]], status=list(t["status"]))
 
 
-def _step(where, d, index) -> StepEvent:
+def _tree_config(where, c) -> dict | None:
+    if c is None:
+        return None
+    if not isinstance(c, dict) or not set(c) <= TREE_CONFIG_KEYS or "method" not in c:
+        _fail(where, f"must be null or an object with a method and fields among {', '.join(sorted(TREE_CONFIG_KEYS))}")
+    if c["method"] not in METHODS:
+        _fail(f"{where}.method", f"must be one of {', '.join(METHODS)}")
+    out = {"method": c["method"]}
+    for k in ("depth", "top_k", "total_tokens"):
+        if k in c:
+            out[k] = _int(f"{where}.{k}", c[k], 1, MAX_TOTAL_TOKENS)
+    for k in ("tau_high", "tau_low", "min_confidence"):
+        if k in c:
+            out[k] = _num(f"{where}.{k}", c[k], 0.0, 1.0)
+    return out
+
+
+def _v1_fields(d, settings) -> dict:
+    """rule / drafter / tree_config of a version 1 step, from the trace's settings (the
+    engine's own rule, ``verify.rule_for``)."""
+    from app.engine.config import SamplingConfig, TreeConfig
+    from app.engine.verify import GREEDY, rule_for
+
+    try:
+        sampling = SamplingConfig(temperature=float(settings.get("temperature", 0.0)))
+        tree = TreeConfig(**{k: settings[k] for k in ("method", "depth", "top_k", "total_tokens") if k in settings})
+    except (TypeError, ValueError):
+        return {"rule": GREEDY, "drafter": None, "tree_config": None, "prefill": False}
+    uses_tree = d.get("tree") is not None
+    return {"rule": rule_for(tree if uses_tree else None, sampling), "drafter": "eagle2" if uses_tree else None,
+            "tree_config": tree.shape() if uses_tree else None, "prefill": False}
+
+
+def _step(where, d, index, version=VERSION, settings=None) -> StepEvent:
+    if version == 1:
+        _keys(where, d, STEP_KEYS_V1)
+        d = {**d, **_v1_fields(d, settings or {})}
     _keys(where, d, STEP_KEYS)
     if d["type"] != "step":
         _fail(f"{where}.type", "must be 'step'")
@@ -140,9 +185,16 @@ def _step(where, d, index) -> StepEvent:
     new = [_int(f"{where}.new_tokens[]", x) for x in _list(f"{where}.new_tokens", d["new_tokens"], MAX_DEPTH + 1)]
     if new[: len(accepted)] != accepted or len(new) > len(accepted) + 1:
         _fail(f"{where}.new_tokens", "must be the accepted tokens followed by at most the bonus token")
+    if d["rule"] not in RULES:
+        _fail(f"{where}.rule", f"must be one of {', '.join(RULES)}")
+    if d["drafter"] is not None and d["drafter"] not in DRAFTERS:
+        _fail(f"{where}.drafter", f"must be null or one of {', '.join(DRAFTERS)}")
+    if not isinstance(d["prefill"], bool):
+        _fail(f"{where}.prefill", "must be true or false")
     return StepEvent(step=index, method=d["method"], tree=tree, accepted=accepted,
                      bonus=_int(f"{where}.bonus", d["bonus"]), new_tokens=new,
-                     text=_str(f"{where}.text", d["text"], 4000),
+                     text=_str(f"{where}.text", d["text"], 4000), rule=d["rule"], drafter=d["drafter"],
+                     tree_config=_tree_config(f"{where}.tree_config", d["tree_config"]), prefill=d["prefill"],
                      draft_ms=_num(f"{where}.draft_ms", d["draft_ms"], 0, 1e7),
                      verify_ms=_num(f"{where}.verify_ms", d["verify_ms"], 0, 1e7),
                      step_ms=_num(f"{where}.step_ms", d["step_ms"], 0, 1e7))
@@ -164,11 +216,11 @@ def _summary(where, d) -> RunSummary:
                       text=_str(f"{where}.text", d["text"], MAX_STEPS * 200))
 
 
-def _run(where, records) -> tuple[list[StepEvent], RunSummary]:
+def _run(where, records, version=VERSION, settings=None) -> tuple[list[StepEvent], RunSummary]:
     _list(where, records, MAX_STEPS + 1)
     if not records:
         _fail(where, "must hold the step records and a summary")
-    steps = [_step(f"{where}[{i}]", r, i) for i, r in enumerate(records[:-1])]
+    steps = [_step(f"{where}[{i}]", r, i, version, settings) for i, r in enumerate(records[:-1])]
     return steps, _summary(f"{where}[-1]", records[-1])
 
 
@@ -189,8 +241,9 @@ def parse_trace(data: bytes | str, max_bytes: int = 4_000_000) -> Trace:
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
         raise TraceError(f"not an EAGLE Lens trace (expected \"format\": \"{FORMAT}\")")
     _keys("trace", obj, ("format", "version", "settings", "model", "records", "vanilla"))
-    if obj["version"] != VERSION:
-        _fail("version", f"must be {VERSION}")
+    version = obj["version"]
+    if isinstance(version, bool) or version not in VERSIONS:
+        _fail("version", f"must be one of {', '.join(map(str, VERSIONS))}")
     settings = obj["settings"]
     if not isinstance(settings, dict) or not set(settings) <= set(SETTING_KEYS):
         _fail("settings", f"must be an object with fields among {', '.join(SETTING_KEYS)}")
@@ -206,9 +259,9 @@ def parse_trace(data: bytes | str, max_bytes: int = 4_000_000) -> Trace:
     if not isinstance(model, dict) or len(model) > 8:
         _fail("model", "must be an object with at most 8 fields")
     model = {_str("model key", k, 40): _str(f"model.{k}", v, 200) for k, v in model.items()}
-    steps, summary = _run("records", obj["records"])
+    steps, summary = _run("records", obj["records"], version, settings)
     vanilla_steps = vanilla_summary = None
     if obj["vanilla"] is not None:
-        vanilla_steps, vanilla_summary = _run("vanilla", obj["vanilla"])
+        vanilla_steps, vanilla_summary = _run("vanilla", obj["vanilla"], version, {**settings, "method": "vanilla"})
     return Trace(settings=settings, model=model, steps=steps, summary=summary,
                  vanilla_steps=vanilla_steps, vanilla_summary=vanilla_summary)

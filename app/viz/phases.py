@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from app.engine.events import StepEvent
+from app.engine.verify import GREEDY, SAMPLED_CHAIN, SAMPLED_TREE
 from app.viz.stream import split_step_text
 from app.viz.tree import show_token
 
@@ -9,13 +10,9 @@ from app.viz.tree import show_token
 # at most this many checked nodes are explained one by one (a big tree checks a dozen)
 MAX_EXPLAINED = 6
 
-# The verification rule of a run, as the engine chose it (TreeConfig.samples_drafts): a step
-# record alone cannot tell, since a top-k tree can come out chain-shaped.
-GREEDY, SAMPLED_CHAIN, SAMPLED_TREE = "greedy", "sampled chain", "sampled tree"
-
-
-def acceptance_rule(step: StepEvent, rule: str = GREEDY) -> str:
-    """Markdown: the acceptance rule, in this step's numbers, for every node the target checked.
+def acceptance_rule(step: StepEvent) -> str:
+    """Markdown: the acceptance rule that ran (``step.rule``, set by the engine), in this
+    step's numbers, for every node the target checked.
 
     - ``GREEDY``: a node is kept iff it is the target's top token there (its p is the largest);
     - ``SAMPLED_CHAIN`` (drafts *sampled* from q): kept with probability min(1, p/q), else the
@@ -23,7 +20,7 @@ def acceptance_rule(step: StepEvent, rule: str = GREEDY) -> str:
     - ``SAMPLED_TREE`` (children are q's top-k): siblings are tried in turn, each kept with its
       p under what is left of p once the refused ones are removed.
     """
-    tree = step.tree
+    tree, rule = step.tree, step.rule
     if tree is None or not len(tree) or not tree.p:
         return ""
     checked = [i for i, st in enumerate(tree.status) if st != "unreached"]
@@ -63,9 +60,9 @@ def acceptance_rule(step: StepEvent, rule: str = GREEDY) -> str:
     return head + "\n" + "".join(f"\n- {line}" for line in lines) + (f"\n- … {more} more" if more > 0 else "")
 
 
-def phase_account(step: StepEvent | None, total_steps: int | None = None, rule: str = GREEDY) -> str:
+def phase_account(step: StepEvent | None, total_steps: int | None = None) -> str:
     """Markdown: what the draft head proposed, what the one target forward checked, and what
-    was kept, and why (``acceptance_rule`` under the run's verification ``rule``).
+    was kept, and why (``acceptance_rule`` under the rule the step records).
     Token texts are escaped (they may come from a stranger's trace)."""
     if step is None:
         return "_No step to show yet: generate, or load a trace._"
@@ -73,6 +70,12 @@ def phase_account(step: StepEvent | None, total_steps: int | None = None, rule: 
     _, bonus = split_step_text(step)
     bonus_part = (f" + the target's bonus token **`{show_token(bonus, escape=False)}`**"
                   if len(step.new_tokens) > len(step.accepted) else " (the answer ended here, no bonus token)")
+    if step.prefill:
+        return (f"**Step {step.step}{of}** — the prefill.\n\n"
+                f"1. **Read the prompt**: one target forward over every prompt token fills the KV cache "
+                f"({step.verify_ms:.1f} ms).\n"
+                f"2. **First token**: its last row gives the answer's first token "
+                f"**`{show_token(step.text, escape=False)}`**; from the next step on, the head drafts from it.")
     if step.tree is None or not len(step.tree):
         return (f"**Step {step.step}{of}** — no draft tree.\n\n"
                 f"1. **Draft**: nothing drafted ({'vanilla decoding' if step.method == 'vanilla' else 'no draft this step'}).\n"
@@ -93,4 +96,4 @@ def phase_account(step: StepEvent | None, total_steps: int | None = None, rule: 
             f"({tokens}){bonus_part}. {rejected} node{'s' if rejected != 1 else ''} rejected, "
             f"{unreached} never reached.\n\n"
             f"Net: **{len(step.new_tokens)} token{'s' if len(step.new_tokens) != 1 else ''} for one target forward**."
-            + (f"\n\n{why}" if (why := acceptance_rule(step, rule)) else ""))
+            + (f"\n\n{why}" if (why := acceptance_rule(step)) else ""))

@@ -1,21 +1,21 @@
 """The speed race: tokens produced against decoding time, EAGLE and vanilla on one chart.
 
-Time is the engine's own per-step wall time (``step_ms``: draft + verify + commit, after the
-prefill), the same clock for both methods, so the drawing and the page add nothing to either
+Time is the engine's own per-step wall time (``step_ms``: draft + verify + commit; the
+prefill step, the same for both, is left out), the same clock for both methods, so the drawing and the page add nothing to either
 curve and the ratio of the end points is the measured speedup.
 """
 from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from app.engine.events import StepEvent
+from app.engine.events import StepEvent, decoding_steps
 from app.viz import style
 
 
 def curve(steps: list[StepEvent]) -> tuple[list[float], list[int]]:
     """(seconds, tokens) after each step, starting at (0, 0)."""
     xs, ys, t, n = [0.0], [0], 0.0, 0
-    for s in steps:
+    for s in decoding_steps(steps):
         t += s.step_ms / 1000.0
         n += len(s.new_tokens)
         xs.append(t)

@@ -1,0 +1,182 @@
+"""Adapting the draft tree while decoding: move between a few candidate trees to maximise the
+tokens per second measured so far (EAGLE's "adjust the draft length from recent acceptance",
+with the step's cost measured instead of assumed).
+
+Why: the best tree depends on two things that change during a run. Acceptance follows the
+text (a code block or a list is easy to draft, free prose is not), and on a shared CPU a
+step's cost follows the load (a neighbour takes a core and big trees suffer more). A tree
+chosen once at start-up is right for neither for long.
+
+How (a small bandit over trees, every number measured by the run itself):
+
+* each candidate c keeps an exponential moving average of its tokens per step tau_c and of
+  its step time ms_c; the next step runs the c with the highest tau_c / ms_c;
+* a top-1 chain of depth D that accepted k drafts also tells what every shorter chain of
+  depth d <= D would have accepted: min(k, d) (a shorter chain's nodes are the first d nodes
+  of the longer one). So one step updates the acceptance of all shorter chains;
+* every ``explore_every`` steps one neighbour of the current best (the next smaller or
+  larger candidate, alternating) runs once, so estimates that go stale get refreshed.
+
+Output never depends on the tree: greedy output is that of plain decoding for any tree,
+and speculative sampling is exact for any tree chosen before its step drafts (the choice
+uses only the past). So adaptation changes speed only. Each step record's ``tree_config``
+says which tree ran.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Sequence
+
+from app.engine.config import TreeConfig
+
+
+def chain(depth: int, base: TreeConfig = TreeConfig()) -> TreeConfig:
+    """A top-1 chain of ``depth`` nodes: EAGLE-2's dynamic tree with top_k 1."""
+    return replace(base, method="dynamic", depth=depth, top_k=1, total_tokens=depth)
+
+
+def default_candidates(best: TreeConfig | None = None, max_chain: int = 4) -> list[TreeConfig]:
+    """Chains of depth 1..``max_chain`` and, if it is not one of them, the tree ``best`` (e.g.
+    the one tuned for this machine), smallest first."""
+    out = [chain(d) for d in range(1, max_chain + 1)]
+    if best is not None and best.method == "dynamic" and not any(_same(best, c) for c in out):
+        out.append(replace(best, min_confidence=0.0))
+    return sorted(out, key=lambda t: (t.total_tokens, t.depth, t.top_k))
+
+
+def _same(a: TreeConfig, b: TreeConfig) -> bool:
+    return (a.method, a.depth, a.top_k, a.total_tokens) == (b.method, b.depth, b.top_k, b.total_tokens)
+
+
+def _is_chain(t: TreeConfig) -> bool:
+    return t.one_wide and t.total_tokens >= t.depth
+
+
+@dataclass
+class _Arm:
+    tree: TreeConfig
+    tau: float                 # EMA of tokens per step (accepted drafts + the bonus)
+    ms: float | None = None    # EMA of step time; None until it has run
+    runs: int = 0
+    tau_seen: int = 0          # observations behind tau (its own runs + deeper chains')
+
+
+@dataclass
+class TreeAdapter:
+    """Pick each step's tree among ``candidates`` (see the module docstring).
+
+    ``prior_tau``: the tokens per step assumed for a candidate before it is observed (e.g. from
+    the calibration of ``autotune``); by default an optimistic 1 + 0.7 + 0.7² + ... so that
+    every candidate gets tried. ``decay`` weights the newest observation in the averages.
+    """
+
+    candidates: Sequence[TreeConfig]
+    decay: float = 0.25
+    explore_every: int = 12
+    prior_tau: dict | None = None
+    arms: list[_Arm] = field(init=False, default_factory=list)
+    current: int = field(init=False, default=0)
+    steps: int = field(init=False, default=0)
+    _flip: bool = field(init=False, default=False)
+    switches: list[tuple[int, int, str]] = field(init=False, default_factory=list)   # (step, arm, why)
+
+    def __post_init__(self) -> None:
+        if not self.candidates:
+            raise ValueError("candidates must hold at least one tree")
+        if not 0 < self.decay <= 1:
+            raise ValueError(f"decay must be in (0, 1], got {self.decay}")
+        self.candidates = list(self.candidates)
+
+    # --- the engine's side -----------------------------------------------------------------
+
+    def largest(self, base: TreeConfig) -> TreeConfig:
+        """A tree at least as deep and as large as every candidate (for the engine's capacity
+        checks and KV buffers)."""
+        return replace(base, method="dynamic", depth=max(t.depth for t in self.candidates),
+                       total_tokens=max(t.total_tokens for t in self.candidates))
+
+    def start(self, tree: TreeConfig | None = None) -> None:
+        """Reset for a new run; start at ``tree`` if it is a candidate, else the smallest."""
+        prior = self.prior_tau or {}
+        self.arms = [_Arm(t, tau=prior.get(self._key(t), 1.0 + sum(0.7 ** d for d in range(1, t.depth + 1))))
+                     for t in self.candidates]
+        self.current = next((i for i, a in enumerate(self.arms) if tree is not None and _same(a.tree, tree)), 0)
+        self.steps, self._flip, self.switches = 0, False, []
+
+    def next_tree(self) -> TreeConfig:
+        """The tree for the next step."""
+        if not self.arms:
+            self.start()
+        untried = [i for i, a in enumerate(self.arms) if a.ms is None]
+        if untried:                              # every candidate runs once first, nearest first
+            pick = min(untried, key=lambda i: abs(i - self.current))
+            why = "first try"
+        elif self.steps and self.steps % self.explore_every == 0:
+            best = self.best()
+            self._flip = not self._flip
+            step = 1 if self._flip else -1
+            pick = best + step if 0 <= best + step < len(self.arms) else best - step
+            pick = min(max(pick, 0), len(self.arms) - 1)
+            why = "refresh a neighbour's estimate"
+        else:
+            pick = self.best()
+            why = "highest measured tokens/s"
+        if pick != self.current:
+            self.switches.append((self.steps, pick, why))
+        self.current = pick
+        return self.arms[pick].tree
+
+    def observe(self, event) -> None:
+        """Learn from one step record (its ``tree_config``, ``accepted``, ``step_ms``)."""
+        if event.prefill or event.tree_config is None:
+            return
+        self.steps += 1
+        arm = self._arm_of(event.tree_config)
+        if arm is None:
+            return
+        k = len(event.accepted)
+        done = len(event.new_tokens) < len(event.accepted) + 1     # cut by EOS / the budget: no full bonus
+        a = self.arms[arm]
+        a.ms = event.step_ms if a.ms is None else (1 - self.decay) * a.ms + self.decay * event.step_ms
+        a.runs += 1
+        if done:
+            return
+        if _is_chain(a.tree):      # a chain of depth D tells every shorter chain: min(k, d)
+            for other in self.arms:
+                if _is_chain(other.tree) and other.tree.depth <= a.tree.depth:
+                    self._learn_tau(other, 1 + min(k, other.tree.depth))
+        else:
+            self._learn_tau(a, 1 + k)
+
+    # --- estimates --------------------------------------------------------------------------
+
+    def _learn_tau(self, arm: _Arm, tau: float) -> None:
+        arm.tau = tau if arm.tau_seen == 0 else (1 - self.decay) * arm.tau + self.decay * tau
+        arm.tau_seen += 1
+
+    def rate(self, i: int) -> float:
+        """Estimated tokens per ms of candidate i (0 before it has run)."""
+        a = self.arms[i]
+        return a.tau / a.ms if a.ms else 0.0
+
+    def best(self) -> int:
+        """The candidate with the highest estimated tokens/s (ties: the smaller tree)."""
+        return max(range(len(self.arms)), key=lambda i: (self.rate(i), -i))
+
+    def _arm_of(self, shape: dict) -> int | None:
+        for i, a in enumerate(self.arms):
+            t = a.tree
+            if (shape.get("method"), shape.get("depth"), shape.get("top_k"), shape.get("total_tokens")) == \
+                    (t.method, t.depth, t.top_k, t.total_tokens):
+                return i
+        return None
+
+    @staticmethod
+    def _key(t: TreeConfig) -> str:
+        return f"{t.total_tokens}/{t.depth}/{t.top_k}"
+
+    def summary(self) -> list[dict]:
+        """Per candidate: its tree, runs, tau and ms estimates (for the page and the CLI)."""
+        return [{"tree": self._key(a.tree), "runs": a.runs, "tau": round(a.tau, 3),
+                 "ms": round(a.ms, 2) if a.ms else None,
+                 "tokens_per_s": round(1000 * self.rate(i), 2)} for i, a in enumerate(self.arms)]

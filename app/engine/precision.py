@@ -1,0 +1,101 @@
+"""Which arithmetic to decode in: the faster of float32 and bfloat16, chosen by measuring.
+
+On a CPU with native bfloat16 (AVX512-BF16 or AMX) a forward of a small model in bf16 can
+cost half of float32's; on one without it (AVX2 only) bf16 is emulated and slower. The CPU
+model of a shared machine or a Space varies, so ``dtype="auto"`` measures instead of
+guessing: T(1) and T(8) (one token, a small tree) in both dtypes, interleaved so a busy
+neighbour slows both alike, the median of each; bf16 only when it is clearly faster. The
+choice is kept on disk per (model, CPU, threads, torch), so it is measured once.
+
+Float32 stays the *exact* mode: greedy output there is token for token that of plain
+greedy decoding. In bf16 a forward over one token and over a tree round differently, so
+after a near-tie the two can part (the app says where, and why).
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+# bf16 must beat float32 by this factor (median over interleaved repeats) to be chosen:
+# a near tie is not worth giving up exact greedy output.
+MIN_GAIN = 1.15
+
+
+def cpu_has_native_bf16() -> bool:
+    """AVX512-BF16 or AMX-BF16 in the CPU flags (Linux); False where they cannot be read."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return " avx512_bf16" in flags or " amx_bf16" in flags
+
+
+def faster_dtype(ms: dict[str, list[float]], min_gain: float = MIN_GAIN) -> str:
+    """"bfloat16" if its median time is below float32's by ``min_gain``, else "float32".
+    ``ms``: dtype name -> forward times (ms), each list taken interleaved with the other."""
+    fp32, bf16 = ms.get("float32") or [], ms.get("bfloat16") or []
+    if not fp32 or not bf16:
+        return "float32"
+    return "bfloat16" if statistics.median(fp32) >= min_gain * statistics.median(bf16) else "float32"
+
+
+@torch.inference_mode()
+def time_forwards(models: dict[str, torch.nn.Module], sizes=(1, 8), prefix_len: int = 128,
+                  repeats: int = 7) -> dict[str, list[float]]:
+    """Per dtype name, the summed time of one forward over each of ``sizes`` query tokens on a
+    cached prefix, ``repeats`` times, the dtypes alternating within every repeat."""
+    from transformers import DynamicCache
+
+    out: dict[str, list[float]] = {name: [] for name in models}
+    g = torch.Generator().manual_seed(0)
+    any_model = next(iter(models.values()))
+    vocab = any_model.config.vocab_size
+    prefix = torch.randint(0, vocab, (1, prefix_len), generator=g)
+    caches = {}
+    for name, model in models.items():
+        cache = DynamicCache(config=model.config)
+        model(input_ids=prefix, past_key_values=cache, use_cache=True)
+        caches[name] = cache
+    queries = {n: torch.randint(0, vocab, (1, n), generator=g) for n in sizes}
+    for r in range(repeats + 1):               # the first round warms up
+        for name, model in models.items():
+            t0 = time.perf_counter()
+            for n in sizes:
+                model(input_ids=queries[n], past_key_values=caches[name], use_cache=True)
+                caches[name].crop(prefix_len)
+            if r:
+                out[name].append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def _choice_path(model_name: str) -> Path:
+    from app.engine.loading import cache_dir
+
+    key = json.dumps({"model": model_name, "cpu": platform.processor() or platform.machine(),
+                      "threads": torch.get_num_threads(), "torch": torch.__version__}, sort_keys=True)
+    return cache_dir() / "autotune" / f"dtype-{hashlib.sha1(key.encode()).hexdigest()[:12]}.json"
+
+
+def auto_cpu_dtype(model_name: str, model: torch.nn.Module, log=None) -> torch.dtype:
+    """The dtype to decode ``model`` (loaded in float32) in on this CPU, measured once and kept."""
+    if not cpu_has_native_bf16():
+        return torch.float32
+    path = _choice_path(model_name)
+    try:
+        return getattr(torch, json.loads(path.read_text())["dtype"])
+    except (OSError, ValueError, KeyError, AttributeError):
+        pass
+    if log:
+        log("dtype auto: timing float32 against bfloat16 once (native bfloat16 on this CPU)")
+    ms = time_forwards({"float32": model, "bfloat16": copy.deepcopy(model).to(torch.bfloat16)})
+    choice = faster_dtype(ms)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"dtype": choice, "ms": ms}) + "\n")
+    return getattr(torch, choice)
