@@ -42,7 +42,7 @@ class StepProfiler:
 
     def __init__(self, engine, draft_lm_dtype: torch.dtype | None = None):
         self.engine = engine
-        # Experiment (suggestion 1 of benchmarks/cpu-profile.md): run the *draft's* LM head on a
+        # Experiment (benchmarks/cpu-profile.md, reduced draft vocabulary): run the *draft's* LM head on a
         # copy of the weight in another dtype; the target's verify LM head is untouched.
         self.draft_lm_weight = (engine.lm_head.weight.detach().to(draft_lm_dtype)
                                 if draft_lm_dtype is not None and draft_lm_dtype != engine.target.dtype else None)
