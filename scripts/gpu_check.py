@@ -1,6 +1,6 @@
-"""The device check of issue 5's "GPU readiness", prepared to run in one short call on a GPU.
+"""GPU readiness check, prepared to run in one short call on a GPU.
 
-    python scripts/gpu_check.py --device cuda --out $OUT/gpu-check.json     # on a lent GPU (a few minutes)
+    python scripts/gpu_check.py --device cuda --out gpu-check.json          # on a GPU (a few minutes)
     python scripts/gpu_check.py --device cpu --shape tiny                    # the same steps, small, anywhere
 
 Three checks, each timed, results printed and written as JSON:

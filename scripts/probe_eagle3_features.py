@@ -1,8 +1,9 @@
 """Probe: would EAGLE-3's multi-layer features raise the head's depth-1 acceptance here?
 
 Why: on this 2-core CPU the fastest tree is a two-node chain (``benchmarks/cpu-profile.md``,
-"Session 16"), so the speedup is bounded by the head's top-1 acceptance at depth 1 (about
-0.5 on the autotune calibration prompts, 0.68 on held-out training data). EAGLE-3
+"One step with the current engine"), so the speedup is bounded by the head's top-1
+acceptance at depth 1 (about 0.5 on the autotune calibration prompts, 0.68 on held-out
+training data). EAGLE-3
 (2503.01840) feeds its head a fusion of low, middle and high target layers instead of the
 last hidden state alone. Before building that into the data stage, trainer and engine, this
 probe measures the one number that matters for a two-node chain: held-out top-1 agreement at

@@ -167,6 +167,24 @@ def test_profile_step_parts_add_up_to_the_step(draft_vocab):
     assert not {"draft", "verify", "accept", "commit", "record_tree", "_draft_logits"} & set(vars(engine))
 
 
+def test_plots_load_plotly_js_from_the_cdn_by_default(tmp_path):
+    """plots.html stays small unless asked otherwise: the CLI and write_plots default to a
+    CDN <script src> tag; --plotly-js inline (~4.8 MB) remains a choice."""
+    import argparse
+
+    from app.bench.cli import add_arguments
+    from app.bench.plots import write_plots
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert parser.parse_args([]).plotly_js == "cdn"
+    assert parser.parse_args(["--plotly-js", "inline"]).plotly_js == "inline"
+    summary = {"all": {"hf": {"speedup_hf": 1.0, "tau": 1.0, "acceptance_by_depth": []},
+                       "dynamic": {"speedup_hf": 1.4, "tau": 1.8, "acceptance_by_depth": [0.6, 0.5]}}}
+    html = write_plots(summary, tmp_path / "plots.html").read_text()
+    assert "cdn.plot.ly" in html and len(html) < 100_000
+
+
 def test_bench_sampled_run(tiny_folders, tmp_path, monkeypatch):
     """temperature 1.0: hf samples too (top_k off, like our SamplingConfig); outputs are not
     compared (no '= vanilla' column), everything else is filled in."""

@@ -37,7 +37,7 @@ def test_greedy_equals_hf_generate(embedded_target, embedded_random_head_dir):
 
 
 def test_cli_jsonl_dynamic_and_vanilla_print_the_same_tokens(embedded_random_head_dir):
-    """Done-when check of the engine issue: a random head, greedy, same token ids as vanilla."""
+    """The engine's end-to-end contract: a random head, greedy, same token ids as vanilla."""
     outs = {}
     for method in ("dynamic", "vanilla"):
         r = subprocess.run([sys.executable, "-m", "app", "generate", "--jsonl", "--method", method,

@@ -1,5 +1,5 @@
-"""scripts/gpu_check.py, the prepared device check of issue 5, runs its three steps on the CPU
-with the tiny shape, so that it still works the day a GPU is lent (there it runs with
+"""scripts/gpu_check.py, the GPU readiness check, runs its three steps on the CPU with the
+tiny shape, so that it keeps working where no GPU is present (on a GPU it runs with
 --device cuda and the Llama-8B shape)."""
 from __future__ import annotations
 

@@ -6,7 +6,8 @@
 
 Methods run interleaved prompt by prompt (and in a rotating order) after one warm-up run
 each, so that drift in machine load hits every method alike. Outputs in --out: results.md
-(the tables), results.json (every run and the pooled numbers), plots.html.
+(the tables), results.json (every run and the pooled numbers), plots.html (plotly.js from
+its CDN; --plotly-js inline for a file that opens offline, none for no plots).
 """
 from __future__ import annotations
 
@@ -47,8 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=0,
                    help="torch CPU threads (0 = torch's default). On a CPU shared with other jobs, 1 thread "
                         "can be several times faster than 2: spinning threads wait for descheduled ones")
-    p.add_argument("--plotly-js", default="inline", choices=("inline", "cdn", "none"),
-                   help="plots.html with plotly.js inline (offline, ~4 MB), from a CDN (small), or no plots")
+    p.add_argument("--plotly-js", default="cdn", choices=("inline", "cdn", "none"),
+                   help="plots.html loading plotly.js from its CDN (default, small file), with plotly.js "
+                        "inline (opens offline, ~4.8 MB), or no plots.html")
 
 
 def _fill_defaults(args) -> None:
