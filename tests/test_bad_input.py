@@ -93,7 +93,8 @@ def test_cli_refuses_to_run_without_a_head(tmp_path, monkeypatch):
 def test_cli_tree_knobs_default_to_auto_only_for_dynamic():
     import argparse
 
-    from app.cli import add_arguments, tree_config_from, wants_auto_tree
+    from app.args import tree_config_from, wants_auto_tree
+    from app.cli import add_arguments
 
     p = argparse.ArgumentParser()
     add_arguments(p)

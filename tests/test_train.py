@@ -268,6 +268,7 @@ def test_eval_stage_reports_every_set_at_a_temperature(tiny, monkeypatch, tmp_pa
 
     target, head = tiny
     monkeypatch.setattr(loading, "load_target", lambda *a, **k: target)
+    head.folder = tmp_path                                   # as load_draft_head sets it
     monkeypatch.setattr(loading, "load_draft_head", lambda *a, **k: head)
     out = tmp_path / "eval.json"
     args = argparse.Namespace(base_model=None, eval_set="mt_bench,gsm8k", eval_indices="0,2", eval_prompts=None,
@@ -390,6 +391,7 @@ def test_eval_stage_drafts_from_the_heads_draft_vocabulary_unless_told_not_to(ti
 
     target, head = tiny
     monkeypatch.setattr(loading, "load_target", lambda *a, **k: target)
+    head.folder = tmp_path                                   # as load_draft_head sets it
     monkeypatch.setattr(loading, "load_draft_head", lambda *a, **k: head)
     prompts = [p.text for p in _tiny_prompts(3, seed=2)]           # words the tiny tokenizer knows
     monkeypatch.setattr(evaluate, "first_turns", lambda *a, **k: prompts)

@@ -28,7 +28,7 @@ DEFAULTS = {"suite": "mt_bench", "limit": 10, "max_new_tokens": 256, "methods": 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from app.cli import add_model_arguments, add_tree_arguments
+    from app.args import add_model_arguments, add_tree_arguments
 
     p.add_argument("--suite", default=None, help="comma-separated eval sets from data/eval, or 'all' (default mt_bench)")
     p.add_argument("--limit", type=int, default=None, help="first N prompts of each suite; 0 = all (default 10)")
@@ -95,7 +95,8 @@ def _command(args) -> str:
 
 
 def main(args) -> int:
-    from app.cli import build_engine, tree_config_from
+    from app.args import tree_config_from
+    from app.engine.factory import load_engine
     from app.engine.config import SamplingConfig, check_max_new_tokens
 
     _fill_defaults(args)
@@ -111,7 +112,8 @@ def main(args) -> int:
         specs = parse_methods(args.methods, tree_config_from(args, "dynamic"))
         sampling = SamplingConfig(temperature=args.temperature, seed=args.seed)
         need_head = any(s.uses_head for s in specs)
-        engine = build_engine(args.base_model, args.draft_model, args.device, args.dtype, need_head=need_head)
+        engine, _ = load_engine(args.base_model, args.draft_model, args.device, args.dtype,
+                                head="required" if need_head else "none")
     except (ValueError, FileNotFoundError, KeyError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -136,7 +136,7 @@ def format_profile(label: str, t: dict) -> str:
 
 
 def main(argv=None) -> int:
-    from app.cli import build_engine
+    from app.engine.factory import load_engine
     from app.engine.config import TreeConfig
 
     p = argparse.ArgumentParser(prog="python -m app.bench.profile_step", description=__doc__.split("\n")[0])
@@ -165,7 +165,7 @@ def main(argv=None) -> int:
         print("|---" * (len(curve.sizes) + 1) + "|")
         print("| ms | " + " | ".join(f"{m:.1f}" for m in curve.ms) + " |")
         return 0
-    engine = build_engine(args.base_model, args.draft_model, args.device, args.dtype, need_head=True)
+    engine, _ = load_engine(args.base_model, args.draft_model, args.device, args.dtype)
     print(f"head: {args.draft_model or 'shipped'}; {engine.target.name} {args.dtype}, "
           f"{torch.get_num_threads()} threads, load average {load}")
     for spec in args.trees.split(","):

@@ -96,14 +96,10 @@ def run_eval(args, head_dir: Path) -> dict:
     The engine drafts from the head's ``draft_vocab.json`` when the folder has one, as the CLI
     and the app do; ``--eval-full-draft-vocab`` drafts from the whole vocabulary instead (how
     releases 1-5 of the embedded head were measured)."""
-    from app.engine.engine import Engine
-    from app.engine.loading import load_draft_head, load_draft_vocab, load_target
+    from app.engine.factory import load_engine
 
-    target = load_target(args.base_model, device=getattr(args, "device", "cpu"), dtype="float32")
-    head = load_draft_head(str(head_dir), target)
-    vocab = None if getattr(args, "eval_full_draft_vocab", False) \
-        else load_draft_vocab(head_dir, target.model.config.vocab_size)
-    engine = Engine(target, head, draft_vocab=vocab)
+    engine, _ = load_engine(args.base_model, str(head_dir), device=getattr(args, "device", "cpu"), dtype="float32",
+                            full_draft_vocab=getattr(args, "eval_full_draft_vocab", False))
     tree = eval_tree(getattr(args, "eval_tree", None) or "60/5/10")
     temperature = float(getattr(args, "eval_temperature", 0.0))
     sampling = SamplingConfig(temperature=temperature, seed=args.seed)
@@ -121,7 +117,7 @@ def run_eval(args, head_dir: Path) -> dict:
                                  f"eval {name}: {i}/{n} prompts, tau so far {tau:.3f}"))
         result.update({"set": name, "offset": args.eval_offset, "indices": getattr(args, "eval_indices", None),
                        "tree": f"dynamic total_tokens={tree.total_tokens} depth={tree.depth} top_k={tree.top_k}",
-                       "temperature": temperature, "draft_vocab": None if vocab is None else int(vocab.numel()),
+                       "temperature": temperature, "draft_vocab": None if engine.draft_vocab is None else int(engine.draft_vocab.numel()),
                        "max_new_tokens": args.eval_new_tokens, "wall_s": time.perf_counter() - t0})
         log(f"eval: {json.dumps({k: v for k, v in result.items() if k != 'per_prompt'})}")
         results[name] = result

@@ -150,21 +150,16 @@ def load_context(config: ServerConfig | None = None, log=print) -> AppContext:
 
 
 def _load_context(config: ServerConfig, engine_thread: EngineThread, log) -> AppContext:
-    from app.engine.engine import Engine
-    from app.engine.loading import load_draft_head, load_draft_vocab, load_target
+    from app.engine.factory import load_engine
 
-    target = load_target(config.base_model, device=config.device, dtype=config.dtype)
-    head, missing = None, ""
-    try:
-        head = load_draft_head(config.draft_model, target)
-    except FileNotFoundError as exc:
-        missing = f"No draft head loaded ({exc}). Vanilla decoding and recorded traces still work."
+    engine, missing = load_engine(config.base_model, config.draft_model, config.device, config.dtype,
+                                  head="optional", limits=config.limits)
+    target, head = engine.target, engine.head
+    if missing:
+        missing = f"No draft head loaded ({missing}). Vanilla decoding and recorded traces still work."
     head_name = config.draft_model or "shipped head models/eagle-smollm2-135m-instruct"
     note = (f"target **{target.name}** on {target.device.type} ({str(target.dtype).replace('torch.', '')}); "
             + (f"draft head: {head_name}" if head is not None else "no draft head"))
-    # the head's reduced draft vocabulary, when it ships one (drafting only; output is unchanged)
-    vocab = load_draft_vocab(head.folder, target.model.config.vocab_size) if head is not None else None
-    engine = Engine(target, head, limits=config.limits, draft_vocab=vocab)
     tree, choice = TreeConfig(), None
     if head is not None and config.auto_tree:
         tree, tree_note, choice = auto_tree_defaults(engine, log)

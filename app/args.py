@@ -1,0 +1,43 @@
+"""Command-line arguments shared by ``generate``, ``bench`` and ``tune`` (not an entry point:
+the entry points import from here)."""
+from __future__ import annotations
+
+import argparse
+
+from app.engine.config import TreeConfig
+
+_TREE = TreeConfig()
+
+
+def add_tree_arguments(p: argparse.ArgumentParser) -> None:
+    """Tree knobs. Leaving depth, top_k and total_tokens unset means "auto" for dynamic."""
+    p.add_argument("--depth", type=int, default=None, help=f"levels of draft nodes per step (default {_TREE.depth}; dynamic: auto)")
+    p.add_argument("--top-k", type=int, default=None, help=f"EAGLE-2 branching: nodes expanded per level, children per node (default {_TREE.top_k}; dynamic: auto)")
+    p.add_argument("--total-tokens", type=int, default=None, help=f"draft nodes verified per step, at most (default {_TREE.total_tokens}; dynamic: auto)")
+    p.add_argument("--tau-high", type=float, default=_TREE.tau_high, help="threshold method: 2 children above this confidence")
+    p.add_argument("--tau-low", type=float, default=_TREE.tau_low, help="threshold method: 1 child above this confidence")
+    p.add_argument("--min-confidence", type=float, default=_TREE.min_confidence, help="drop nodes below this confidence")
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--base-model", default=None, help="target: hub id or folder (default: embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--draft-model", default=None, help="EAGLE head: hub id or folder (default: the shipped head)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
+    p.add_argument("--dtype", default="auto",
+                   help="auto (the faster of float32 and bfloat16 where the hardware has native bfloat16, "
+                        "measured once) | float32 (exact: greedy output identical to plain decoding) | bfloat16 | float16")
+    p.add_argument("--full-draft-vocab", action="store_true",
+                   help="let the head propose from the whole vocabulary even if it ships a reduced draft vocabulary")
+
+
+def tree_config_from(args, method: str | None = None) -> TreeConfig:
+    """The tree knobs given on the command line; unset size knobs take TreeConfig's defaults."""
+    pick = lambda value, default: default if value is None else value  # noqa: E731
+    return TreeConfig(method=method or args.method, depth=pick(args.depth, _TREE.depth),
+                      top_k=pick(args.top_k, _TREE.top_k), total_tokens=pick(args.total_tokens, _TREE.total_tokens),
+                      tau_high=args.tau_high, tau_low=args.tau_low, min_confidence=args.min_confidence)
+
+
+def wants_auto_tree(args) -> bool:
+    """dynamic with none of depth / top_k / total_tokens given: size the tree for this machine."""
+    return args.method == "dynamic" and args.depth is None and args.top_k is None and args.total_tokens is None

@@ -1,0 +1,39 @@
+"""One way to assemble an Engine: target, draft head, the head's draft vocabulary.
+
+The CLI, the app, the benchmark, training's evaluation and the scripts all call
+``load_engine``, so a change in how an engine is put together happens in one place.
+"""
+from __future__ import annotations
+
+from app.engine.config import GenerationLimits
+from app.engine.engine import Engine
+from app.engine import loading
+
+
+def load_engine(base_model: str | None = None, draft_model: str | None = None, device: str = "auto",
+                dtype: str = "auto", *, head: str = "required", full_draft_vocab: bool = False,
+                limits: GenerationLimits = GenerationLimits(), target=None) -> tuple[Engine, str]:
+    """Load the target (embedded default when ``base_model`` is None) and the EAGLE head.
+
+    ``head``: "required" (a missing head raises FileNotFoundError naming what is missing),
+    "optional" (a missing head leaves the engine without one: vanilla decoding still works),
+    or "none" (do not load one). ``target``: an already loaded ``Target`` to reuse.
+    Returns the engine and, for "optional", why no head was loaded ("" when one was).
+    The head's reduced draft vocabulary is used when it ships one, unless
+    ``full_draft_vocab``. ``dtype="auto"`` is ``loading.choose_dtype``'s choice.
+    """
+    if head not in ("required", "optional", "none"):
+        raise ValueError(f"head must be required, optional or none, got {head!r}")
+    target = target or loading.load_target(base_model, device=device, dtype=dtype)
+    draft, missing = None, ""
+    if head != "none":
+        try:
+            draft = loading.load_draft_head(draft_model, target)
+        except FileNotFoundError as exc:
+            if head == "required":
+                raise
+            missing = str(exc)
+    vocab = None
+    if draft is not None and not full_draft_vocab:
+        vocab = loading.load_draft_vocab(draft.folder, target.model.config.vocab_size)
+    return Engine(target, draft, limits=limits, draft_vocab=vocab), missing
