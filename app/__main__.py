@@ -1,4 +1,4 @@
-"""`python -m app generate|bench|train ...` — one entry point, one module per subcommand.
+"""`python -m app generate|tune|bench|train ...` — one entry point, one module per subcommand.
 
 Each subcommand module exposes ``add_arguments(parser)`` and ``main(args) -> int`` (the exit
 status). Modules are imported only when their subcommand runs, so `generate` never pays for
@@ -12,6 +12,7 @@ import sys
 
 SUBCOMMANDS = {
     "generate": ("app.cli", "decode one prompt with the EAGLE engine (or vanilla), print text or JSON lines"),
+    "tune": ("app.tune", "measure this machine's profile for the auto tree once (kept on disk)"),
     "bench": ("app.bench.cli", "benchmark methods on the evaluation prompt sets"),
     "train": ("app.train.cli", "build data and train an EAGLE draft head for a target model"),
 }

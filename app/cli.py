@@ -29,18 +29,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jsonl", action="store_true", help="print each step record and the summary as JSON lines")
 
 
-def auto_tree(engine, base: TreeConfig) -> TreeConfig:
-    """The hardware-aware tree (app.engine.autotune), announced on stderr with its reasons."""
-    from app.engine.autotune import choose_tree, cost_curve_text
+def auto_tree(engine, base: TreeConfig, say):
+    """The "auto" tree: adapted while decoding, from the kept profile of this machine if there
+    is one; never measured here in the foreground (``python -m app tune`` does that)."""
+    from app.engine.adapt import adapter_for
+    from app.engine.autotune import cost_curve_text
 
-    tree, report = choose_tree(engine, base=base, progress=lambda m: print(f"[auto] {m}", file=sys.stderr, flush=True))
-    print(f"[auto] {report.summary()}", file=sys.stderr, flush=True)
-    print(f"[auto] measured forward cost T(n), n query tokens: "
-          f"{cost_curve_text(report.cost_curve.sizes, report.cost_curve.ms)}", file=sys.stderr, flush=True)
-    if not report.beats_vanilla:
-        print("[auto] note: with this head on this machine vanilla decoding is predicted to be faster; "
-              "decoding with the tree anyway, as asked (--method vanilla for the baseline)", file=sys.stderr, flush=True)
-    return tree
+    start, adapter, choice = adapter_for(engine, base, measure=False)
+    trees = ", ".join(f"{t.total_tokens}/{t.depth}/{t.top_k}" for t in adapter.candidates)
+    if choice is None:
+        say(f"adaptive tree over {trees} (total/depth/top_k), starting at {start.total_tokens}/{start.depth}/1; "
+            "no kept profile of this machine yet: `python -m app tune` measures it once")
+    else:
+        say(f"adaptive tree over {trees} (total/depth/top_k), starting at the tuned "
+            f"{start.total_tokens}/{start.depth}/{start.top_k}; {choice.summary()}")
+        say(f"kept forward cost T(n): {cost_curve_text(choice.cost_curve.sizes, choice.cost_curve.ms)}")
+    return start, adapter
 
 
 def main(args) -> int:
@@ -56,10 +60,12 @@ def main(args) -> int:
         engine, _ = load_engine(args.base_model, args.draft_model, args.device, args.dtype,
                                 head="required" if tree.uses_draft else "none",
                                 full_draft_vocab=args.full_draft_vocab)
+        say = lambda m: print(f"[auto] {m}", file=sys.stderr, flush=True)  # noqa: E731
+        adapter = None
         if wants_auto_tree(args):
-            tree = auto_tree(engine, tree)
+            tree, adapter = auto_tree(engine, tree, say)
         events = engine.generate(args.prompt, tree=tree, sampling=sampling,
-                                 max_new_tokens=args.max_new_tokens, raw=args.raw)
+                                 max_new_tokens=args.max_new_tokens, raw=args.raw, adapt=adapter)
     except (ValueError, FileNotFoundError, KeyError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -73,4 +79,7 @@ def main(args) -> int:
             print(f"[{event.method}] {event.new_tokens} tokens in {event.seconds:.2f} s = "
                   f"{event.tokens_per_s:.1f} tokens/s, {event.target_forwards} target forwards, "
                   f"mean accepted tokens per forward (tau) {event.mean_accepted:.2f}", file=sys.stderr)
+    if adapter is not None and not args.jsonl:
+        used = ", ".join(f"{a['tree']} x{a['runs']} ({a['tokens_per_s']:.0f} tokens/s)" for a in adapter.summary() if a["runs"])
+        say(f"trees used: {used}")
     return 0

@@ -6,6 +6,8 @@ import json
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from app.engine import autotune
 from app.engine.autotune import Calibration, CostCurve, choose_from, predict, rank_candidates
@@ -108,14 +110,21 @@ def test_a_top1_chain_competes_and_wins_where_siblings_are_never_accepted():
 def test_choose_from_uses_measured_parts():
     cal = big_tree_calibration()
     choice = choose_from(CPU, cal)
-    best = choice.candidates[0]
-    assert (choice.tree.depth, choice.tree.total_tokens) == (best.depth, best.total_tokens)
+    best = autotune.pick_robust(choice.candidates)
+    assert (choice.tree.depth, choice.tree.total_tokens) == (best.depth, best.total_tokens) == \
+        (choice.chosen.depth, choice.chosen.total_tokens)
     assert choice.tree.method == "dynamic" and choice.tree.top_k == 2
     assert choice.draft_ms_per_level == pytest.approx(10.0)                 # 30 ms over 3 levels
     assert choice.verify_ms_per_row == pytest.approx((100 - CPU(7)) / 7)
     assert choice.other_ms == pytest.approx(140 - 30 - 100)
     assert choice.predicted_vanilla_tokens_per_s == pytest.approx(1000 / 60)
     assert best.total_tokens <= 6 and best.depth <= 3                       # never beyond what was measured
+    # the calibration's times are put on the curve's scale through its vanilla step: the
+    # same calibration timed at twice the load predicts the same ratios to vanilla
+    slow = Calibration(**{**cal.__dict__, "draft_ms": [60.0, 60.0], "verify_ms": [200.0, 200.0],
+                          "step_ms": [280.0, 280.0], "vanilla_step_ms": [124.0, 116.0]})
+    again = choose_from(CPU, slow)
+    assert again.tree == choice.tree and again.predicted_speedup == pytest.approx(choice.predicted_speedup)
     d = choice.to_dict()
     json.dumps(d)                                                           # the app can ship it as is
     assert d["cost_curve"]["sizes"] == CPU.sizes and "auto tree" in choice.summary()
@@ -134,25 +143,23 @@ def test_cost_cache_round_trip(tmp_path, monkeypatch):
         return real(*a, **kw)
 
     monkeypatch.setattr(autotune, "measure_forward_costs", counting)
-    monkeypatch.setattr(autotune, "_load_average", lambda: 0.5)   # an idle machine, whatever runs beside us
     sizes = (1, 4, 8)
     first = autotune.forward_cost_curve(target, sizes=sizes, prefix_len=16, repeats=1, warmup=0)
     second = autotune.forward_cost_curve(target, sizes=sizes, prefix_len=16, repeats=1, warmup=0)
     assert len(calls) == 1
     assert first.ms == sorted(first.ms) and len(first.key["raw_ms"]) == len(sizes)   # non-decreasing in n
+    assert len(first.noise) == len(sizes) and first.noise[0] == 0.0
     assert second.sizes == first.sizes == list(sizes) and second.ms == first.ms
     path = autotune.cost_cache_path(autotune.cost_cache_key(target))
     assert path.is_file() and str(path).startswith(str(tmp_path))
     assert autotune.load_cost_curve(path).key["model"] == target.name
     cached = json.loads(path.read_text())
-    cached["key"]["load"] = 0.9                          # measured on a quiet machine: kept
-    path.write_text(json.dumps(cached))
+    cached["key"]["load"] = 7.5                          # measured on a busy machine: kept all the same
+    path.write_text(json.dumps(cached))                  # (its ratios cancel the load), never re-measured
     autotune.forward_cost_curve(target, sizes=sizes, prefix_len=16, repeats=1, warmup=0)
     assert len(calls) == 1
-    cached["key"]["load"] = 1.2                          # beside one busy process (fewer than the
-    path.write_text(json.dumps(cached))                  # cores), the machine now idle: measured again
-    autotune.forward_cost_curve(target, sizes=sizes, prefix_len=16, repeats=1, warmup=0)
-    assert len(calls) == 2
+    autotune.forward_cost_curve(target, sizes=sizes, refresh=True, prefix_len=16, repeats=1, warmup=0)
+    assert len(calls) == 2                               # ... unless asked to (python -m app tune --retune)
     path.write_text("{not json")                     # a corrupt cache is measured again, not trusted
     autotune.forward_cost_curve(target, sizes=sizes, prefix_len=16, repeats=1, warmup=0)
     assert len(calls) == 3
@@ -163,28 +170,31 @@ def test_choose_tree_end_to_end_on_a_tiny_model(tmp_path, monkeypatch):
     from tests.tiny import tiny_target, trained_head
 
     monkeypatch.setenv("EAGLE_LENS_CACHE", str(tmp_path))
-    monkeypatch.setattr(autotune, "_load_average", lambda: 0.3)   # quiet, whatever runs beside us
     target = tiny_target()
     engine = Engine(target, trained_head(target, steps=60))
     settings = {"prompts": ("w5 w6 w7", "w9 w10"), "depth": 4, "top_k": 4, "total_tokens": 24,
                 "max_new_tokens": 24, "vanilla_tokens": 6}
+    assert autotune.choose_tree(engine, calibration=settings, measure=False) == (None, None)   # nothing kept yet
+    assert not (tmp_path / "autotune").exists()                                             # and nothing measured
     tree, choice = autotune.choose_tree(engine, calibration=settings)
     assert tree.method == "dynamic" and 1 <= tree.depth <= 4 and tree.depth <= tree.total_tokens <= 24
     assert choice.calibration_steps > 0 and choice.predicted_tokens_per_s > 0
     assert len(list((tmp_path / "autotune").glob("*.json"))) == 2   # cost curve + calibration cached
     again, _ = autotune.choose_tree(engine, calibration=settings)
     assert again == tree
-    # A calibration timed on a busy machine is redone once the machine is quiet.
+    assert autotune.choose_tree(engine, calibration=settings, measure=False)[0] == tree   # the kept profile
+    # A calibration timed on a busy machine is kept: its tau table does not depend on load, and
+    # its timings are used relative to its own interleaved vanilla steps.
     calls = []
     real = autotune.calibrate
     monkeypatch.setattr(autotune, "calibrate", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    autotune.choose_tree(engine, calibration=settings)
-    assert calls == []
     path = next((tmp_path / "autotune").glob("calib-*.json"))
     data = json.loads(path.read_text())
-    path.write_text(json.dumps({**data, "load": 1.5}))
+    path.write_text(json.dumps({**data, "load": 6.5}))
     autotune.choose_tree(engine, calibration=settings)
-    assert calls == [1] and json.loads(path.read_text())["load"] == 0.3
+    assert calls == []
+    autotune.choose_tree(engine, calibration=settings, refresh=True)
+    assert calls == [1]
     with pytest.raises(ValueError, match="dynamic"):
         autotune.choose_tree(engine, method="chain")
     with pytest.raises(ValueError, match="head"):
@@ -216,7 +226,6 @@ def test_calibration_cache_key_holds_the_default_settings(tmp_path, monkeypatch)
     from tests.tiny import tiny_target, trained_head
 
     monkeypatch.setenv("EAGLE_LENS_CACHE", str(tmp_path))
-    monkeypatch.setattr(autotune, "_load_average", lambda: 0.3)
     target = tiny_target()
     engine = Engine(target, trained_head(target, steps=10))
     small = {"depth": 2, "top_k": 2, "total_tokens": 4, "max_new_tokens": 6, "vanilla_tokens": 2}
@@ -245,3 +254,64 @@ def test_measuring_and_calibrating_name_the_device_of_every_tensor(tiny):
         torch.set_default_device(None)
     assert curve.sizes == [1, 2, 4] and all(ms > 0 for ms in curve.ms)
     assert cal.steps and len(cal.vanilla_step_ms) > 0
+
+
+# --- robustness to a shared machine -----------------------------------------------------------
+
+def test_ratios_cancel_a_load_that_hits_every_size_alike():
+    """Round-robin repeats: repeat r of every size ran moments after repeat r of size 1, so a
+    burst of load that slows one repeat slows it for every size and leaves the ratio alone."""
+    quiet = {1: 20.0, 4: 24.0, 16: 40.0}
+    load = [1.0, 3.0, 1.0, 2.5, 1.2]                        # how busy the machine was at each repeat
+    times = {n: [t * f for f in load] for n, t in quiet.items()}
+    ms, noise = autotune.curve_from_times([1, 4, 16], times)
+    t1 = sorted(20.0 * f for f in load)[2]
+    assert ms == pytest.approx([t1, t1 * 24 / 20, t1 * 40 / 20])
+    assert noise == pytest.approx([0.0, 0.0, 0.0])          # the ratios never moved
+    # bursts that hit one size only show up as that size's noise, not as its cost (the median)
+    times[16][1] *= 3
+    times[16][3] *= 3
+    ms2, noise2 = autotune.curve_from_times([1, 4, 16], times)
+    assert ms2 == pytest.approx(ms) and noise2[2] > 0 and noise2[1] == 0.0
+
+
+def _cand(total, depth, tps, noise=0.0, top_k=None):
+    return autotune.Candidate(depth=depth, total_tokens=total, tau=2.0, tau_confidence=2.0, verify_ms=10,
+                              draft_ms=1, other_ms=1, tokens_per_s=tps, top_k=top_k, noise=noise)
+
+
+cand_lists = st.lists(st.tuples(st.integers(1, 64), st.integers(1, 7), st.floats(1.0, 100.0),
+                                st.floats(0.0, 0.5)), min_size=1, max_size=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(cand_lists)
+def test_pick_robust_is_the_argmax_without_noise_and_never_worse_than_the_noise(raw):
+    ranked = sorted([_cand(t, d, r, n) for t, d, r, n in raw], key=lambda c: -c.tokens_per_s)
+    best = ranked[0]
+    pick = autotune.pick_robust(ranked)
+    margin = best.tokens_per_s * (best.noise ** 2 + pick.noise ** 2) ** 0.5
+    assert pick.tokens_per_s >= best.tokens_per_s - margin - 1e-9
+    assert (pick.total_tokens, pick.depth) <= (best.total_tokens, best.depth)
+    quiet = [_cand(c.total_tokens, c.depth, c.tokens_per_s) for c in ranked]
+    q = autotune.pick_robust(quiet)
+    assert q.tokens_per_s == quiet[0].tokens_per_s
+
+
+@settings(max_examples=100, deadline=None)
+@given(cand_lists, st.floats(0.1, 10.0))
+def test_pick_robust_ignores_the_unit_of_time(raw, k):
+    """Scaling every rate by the same factor (a uniformly slower machine) changes no choice."""
+    ranked = sorted([_cand(t, d, r, n) for t, d, r, n in raw], key=lambda c: -c.tokens_per_s)
+    scaled = [_cand(c.total_tokens, c.depth, c.tokens_per_s * k, c.noise) for c in ranked]
+    a, b = autotune.pick_robust(ranked), autotune.pick_robust(scaled)
+    assert (a.total_tokens, a.depth) == (b.total_tokens, b.depth)
+
+
+def test_more_noise_never_picks_a_bigger_tree():
+    ranked = [_cand(24, 5, 50.0), _cand(8, 3, 47.0), _cand(2, 2, 44.0, top_k=1)]
+    picks = []
+    for noise in (0.0, 0.05, 0.1, 0.2):
+        picks.append(autotune.pick_robust([_cand(c.total_tokens, c.depth, c.tokens_per_s, noise) for c in ranked]))
+    sizes = [p.total_tokens for p in picks]
+    assert sizes == sorted(sizes, reverse=True) and sizes[0] == 24 and sizes[-1] == 2

@@ -180,3 +180,26 @@ class TreeAdapter:
         return [{"tree": self._key(a.tree), "runs": a.runs, "tau": round(a.tau, 3),
                  "ms": round(a.ms, 2) if a.ms else None,
                  "tokens_per_s": round(1000 * self.rate(i), 2)} for i, a in enumerate(self.arms)]
+
+
+def adapter_for(engine, base: TreeConfig = TreeConfig(), measure: bool = False, progress=None):
+    """The adaptive "auto" tree for ``engine``: (start tree, TreeAdapter, TreeChoice or None).
+
+    With a kept profile of this machine (``autotune``: cost curve + calibration) the tuned
+    tree joins the candidates and the calibration's tau of each candidate is the adapter's
+    prior; without one, ``measure=False`` starts from the 2-node chain with optimistic priors
+    and lets the run's own measurements decide (no foreground calibration), while
+    ``measure=True`` measures the profile first (seconds to a minute on a CPU, then kept).
+    """
+    from app.engine.autotune import choose_tree
+
+    tree, choice = choose_tree(engine, base=base, measure=measure, progress=progress)
+    if choice is None:
+        return chain(2, base), TreeAdapter(default_candidates()), None
+    candidates = default_candidates(tree)
+    prior = {}
+    for c in choice.candidates:
+        top_k = c.top_k or choice.calibration_top_k
+        prior.setdefault(f"{c.total_tokens}/{c.depth}/{top_k}", c.tau)
+    start = next((t for t in candidates if _same(t, tree)), chain(2, base))
+    return start, TreeAdapter(candidates, prior_tau=prior), choice

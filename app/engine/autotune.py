@@ -16,16 +16,20 @@ for a tree of depth d and N nodes, and T(n) the cost of one target forward over 
     tokens/s (tree)    = tau(d, N) / (T(N + 1) + r·(N + 1) + T_draft(d) + T_other)
     tokens/s (vanilla) = 1 / (T(1) + T_other_vanilla)
 
-    speedup <= tau · T(1) / (T(tree) + T(draft))        (the bound quoted in issue 5)
+    speedup <= tau · T(1) / (T(tree) + T(draft))        (the speedup bound)
 
 ``choose_tree`` evaluates the first line over a grid of (depth, total_tokens) and returns
 the argmax. Its three ingredients are all measured, none assumed:
 
 * T(n): ``measure_forward_costs`` times the target's decoder stack + LM head (exactly what
   the engine's verify forward runs) over n query tokens on a realistic cached prefix, with a
-  tree-shaped attention mask. Measured once per (model, device, dtype, threads) and cached
-  as JSON under ``loading.cache_dir() / "autotune"``; T(n) between measured sizes is
-  interpolated linearly.
+  tree-shaped attention mask. On a shared machine an absolute time says as much about the
+  neighbours as about the tree, so the sizes are timed round-robin and each repeat gives the
+  *ratio* T(n) / T(1) of forwards taken moments apart, where load cancels; the curve is the
+  median T(1) times the median ratio, and the ratios' spread is kept as the curve's noise.
+  Measured once per (model, device, dtype, threads) and kept as JSON under
+  ``loading.cache_dir() / "autotune"`` (re-measured only on request: ``python -m app tune``);
+  T(n) between measured sizes is interpolated linearly.
 * tau(d, N): ``calibrate`` decodes a few built-in prompts (not the evaluation sets) with one
   *large* dynamic tree and records, per step, which nodes the target accepted. For greedy
   verification, the nodes a smaller tree would accept are exactly the accepted nodes of the
@@ -38,10 +42,16 @@ the argmax. Its three ingredients are all measured, none assumed:
   its most confident child, ...) is read off the same record and competes beside the
   (d, N) grid: with two or three nodes, a chain reaching depth 2-3 can beat the dynamic
   tree, whose few nodes go to confident siblings at depth 1.
-* T_draft(d), r and T_other: from the same calibration run's step timings. Draft time grows
+* T_draft(d), r and T_other: from the same calibration run's step timings, which alternates
+  tree runs with short vanilla runs and is put on the curve's scale through the vanilla step
+  (so both are expressed in forwards, not in seconds of a given moment). Draft time grows
   about linearly with depth (one head forward + one LM-head call per level); r is the
   engine's per-row verify work beyond the bare forward (softmax of each row's logits,
   acceptance); T_other the rest of a step (KV commit, step record).
+
+The choice prefers the smaller tree: a larger one must beat it by more than the two
+predictions' combined noise (``pick_robust``), so a noisy measurement cannot talk the page
+into a big tree that a quiet machine would not pick.
 
 Everything is plain arithmetic over measured numbers, so the report (``TreeChoice``) carries
 the cost curve, the tau table and the predicted tokens/s of every candidate: the app can
@@ -78,8 +88,7 @@ DEFAULT_DEPTHS = (1, 2, 3, 4, 5, 6, 7)
 # humanities, plus everyday advice). Acceptance differs a lot between kinds — lists and
 # arithmetic are easy to draft, free prose is hard — so a calibration on one or two kinds
 # (it used two, 27 steps) measures one kind's acceptance, not the page's. On this CPU the
-# nine (91 steps) still choose 2/1/8; over all six eval suites it tied the 2-node chain
-# greedily and beat it at temperature 1.0 (benchmarks/README.md).
+# nine (91 steps) give tau for every candidate from about a hundred steps of nine kinds of text.
 CALIBRATION_PROMPTS = (
     "Explain how a bicycle stays upright while it is moving.",
     "Write a short Python function that returns the n-th Fibonacci number, with a docstring.",
@@ -102,8 +111,16 @@ class CostCurve:
     """Milliseconds of one target forward (decoder stack + LM head) over n query tokens."""
 
     sizes: list[int]              # n, ascending
-    ms: list[float]               # fastest of the repeats, made non-decreasing in n
+    ms: list[float]               # median T(1) x median ratio T(n)/T(1), made non-decreasing in n
     key: dict = field(default_factory=dict)   # what it was measured on (model, device, dtype, ...)
+    noise: list[float] = field(default_factory=list)   # per size: relative spread of the ratio (half the IQR / median)
+
+    def rel_noise(self, n: float) -> float:
+        """Relative uncertainty of T(n), from the nearest measured size (0 if unknown)."""
+        if not self.noise:
+            return 0.0
+        i = min(range(len(self.sizes)), key=lambda j: abs(self.sizes[j] - n))
+        return self.noise[i]
 
     def __call__(self, n: float) -> float:
         """T(n) in ms, linear between measured sizes, extrapolated from the last two beyond."""
@@ -162,7 +179,7 @@ def load_cost_curve(path: Path) -> CostCurve | None:
     try:
         data = json.loads(Path(path).read_text())
         curve = CostCurve(sizes=[int(s) for s in data["sizes"]], ms=[float(m) for m in data["ms"]],
-                          key=dict(data.get("key", {})))
+                          key=dict(data.get("key", {})), noise=[float(x) for x in data.get("noise", [])])
     except (OSError, ValueError, KeyError, TypeError):
         return None
     if not curve.sizes or len(curve.sizes) != len(curve.ms):
@@ -206,7 +223,10 @@ def measure_forward_costs(target, sizes=DEFAULT_SIZES, prefix_len: int = DEFAULT
         mask = (torch.ones(n, prefix_len + n, dtype=torch.bool, device=device).tril(prefix_len)[None, None]
                 if n > 1 else None)                                                   # (1, 1, n, P+n) or None
         inputs[n] = (ids, pos, mask)
-    best = {n: float("inf") for n in sizes}
+    if sizes[0] != 1:
+        raise ValueError("sizes must include 1: every T(n) is measured relative to T(1)")
+    times = {n: [] for n in sizes}          # per size, one time per repeat
+    load_before = _load_average()
     for r in range(warmup + repeats):
         for n in sizes:
             ids, pos, mask = inputs[n]
@@ -218,13 +238,37 @@ def measure_forward_costs(target, sizes=DEFAULT_SIZES, prefix_len: int = DEFAULT
             elapsed = (time.perf_counter() - t0) * 1e3
             kv.crop(cache, prefix_len)
             if r >= warmup:
-                best[n] = min(best[n], elapsed)
-    ms, running = [], 0.0
+                times[n].append(elapsed)
+    ms, noise = curve_from_times(sizes, times)
+    key = dict(cost_cache_key(target), raw_ms=[times[n] for n in sizes], load=load_before,
+               load_after=_load_average())
+    return CostCurve(sizes=sizes, ms=ms, key=key, noise=noise)
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    pos = q * (len(xs) - 1)
+    lo, hi = int(pos), min(int(pos) + 1, len(xs) - 1)
+    return xs[lo] + (pos - lo) * (xs[hi] - xs[lo])
+
+
+def curve_from_times(sizes: list[int], times: dict[int, list[float]]) -> tuple[list[float], list[float]]:
+    """(T(n) in ms, relative noise per size) from round-robin times: repeat r of every size was
+    taken within moments of repeat r of size 1, so the ratio times[n][r] / times[1][r] cancels
+    whatever load the machine had then. T(n) = median T(1) x median ratio, made non-decreasing
+    (a forward over more tokens never costs less; a dip is noise); noise = half the
+    interquartile range of the ratios over their median (0 for size 1, the reference)."""
+    base = times[1]
+    t1 = _quantile(base, 0.5)
+    ms, noise, running = [], [], 0.0
     for n in sizes:
-        running = max(running, best[n])
+        ratios = [t / b for t, b in zip(times[n], base) if b > 0]
+        med = _quantile(ratios, 0.5) if ratios else 1.0
+        running = max(running, t1 * med)
         ms.append(running)
-    key = dict(cost_cache_key(target), raw_ms=[best[n] for n in sizes], load=_load_average())
-    return CostCurve(sizes=sizes, ms=ms, key=key)
+        spread = (_quantile(ratios, 0.75) - _quantile(ratios, 0.25)) / 2 if len(ratios) > 1 else 0.0
+        noise.append(0.0 if n == 1 else spread / med if med > 0 else 0.0)
+    return ms, noise
 
 
 def _load_average() -> float | None:
@@ -234,34 +278,25 @@ def _load_average() -> float | None:
         return None
 
 
-BUSY_LOAD = 1.0   # load average at which a timing is suspect: another process had a core
+MEASURED_FIELDS = ("raw_ms", "load", "load_after")   # in a curve's key, but not part of what it depends on
 
 
-def _timed_under_load(then: float | None, device: str | None) -> bool:
-    """True for a CPU timing taken while the machine was busy (1-minute load average >=
-    ``BUSY_LOAD``) when the machine is now at most half as busy: re-measure it.
-
-    Why this threshold: the engine uses every core, so one other busy process (load ~1) already
-    inflates T(n) by up to 2x, and unevenly across sizes, which moves the chosen tree. (The
-    first rule, load > cores, let a curve timed beside one training job stand for good.)
-    """
-    now = _load_average()
-    return device == "cpu" and then is not None and now is not None and then >= BUSY_LOAD and now < then / 2
-
-
-def _measured_under_load(curve: CostCurve) -> bool:
-    return _timed_under_load(curve.key.get("load"), curve.key.get("device"))
+def kept_cost_curve(target, sizes=DEFAULT_SIZES) -> CostCurve | None:
+    """The kept T(n) for this target, or None if none was measured for it yet."""
+    curve = load_cost_curve(cost_cache_path(cost_cache_key(target)))
+    if curve is None or {k: v for k, v in curve.key.items() if k not in MEASURED_FIELDS} != cost_cache_key(target) \
+            or not set(sizes) <= set(curve.sizes):
+        return None
+    return curve
 
 
 def forward_cost_curve(target, sizes=DEFAULT_SIZES, refresh: bool = False, **kw) -> CostCurve:
-    """T(n) for this target, measured once and then read from the on-disk cache."""
-    key = cost_cache_key(target)
-    path = cost_cache_path(key)
-    if not refresh:
-        curve = load_cost_curve(path)
-        if curve is not None and {k: v for k, v in curve.key.items() if k not in ("raw_ms", "load")} == key \
-                and set(sizes) <= set(curve.sizes) and not _measured_under_load(curve):
-            return curve
+    """T(n) for this target, measured once and then kept on disk. It is not re-measured
+    because the machine was busy then: the ratios it is built from cancel load (see
+    ``curve_from_times``); ``refresh`` re-measures (``python -m app tune``)."""
+    path = cost_cache_path(cost_cache_key(target))
+    if not refresh and (curve := kept_cost_curve(target, sizes)) is not None:
+        return curve
     curve = measure_forward_costs(target, sizes=sizes, **kw)
     save_cost_curve(curve, path)
     return curve
@@ -307,6 +342,23 @@ class Calibration:
             acc += sum(nodes[i][2] for i in kept)
             conf += sum(nodes[i][1] for i in kept)
         return 1.0 + acc / len(self.steps), 1.0 + conf / len(self.steps)
+
+    def tau_se(self, depth: int, total: int | None = None) -> float:
+        """Standard error of the measured tau of a (depth, total) tree — or, with ``total``
+        None, of the top-1 chain of ``depth`` — from the spread of accepted nodes per step."""
+        n = len(self.steps)
+        if n < 2:
+            return float("inf") if n == 0 else 0.0
+        counts = []
+        for nodes in self.steps:
+            if total is None:
+                counts.append(sum(x[2] for x in nodes if len(x) > 3 and x[3] and x[0] <= depth))
+            else:
+                kept = sorted((i for i, x in enumerate(nodes) if x[0] <= depth), key=lambda i: (-nodes[i][1], i))[:total]
+                counts.append(sum(nodes[i][2] for i in kept))
+        mean = sum(counts) / n
+        var = sum((c - mean) ** 2 for c in counts) / (n - 1)
+        return (var / n) ** 0.5
 
     def tau_chain(self, depth: int) -> tuple[float, float]:
         """(measured, confidence-estimated) tokens per step for the top-1 chain of ``depth``
@@ -363,15 +415,17 @@ def calibrate(engine, prompts=CALIBRATION_SETTINGS["prompts"], depth: int = CALI
     """Decode ``prompts`` greedily with one large dynamic tree and record every node's fate.
 
     Costs about len(prompts) * max_new_tokens / tau steps of a ``total_tokens``-node tree
-    (~100 steps, ~30 s on a 2-core CPU with a trained head). A short vanilla run times the one-token
-    step with the same code. For depth == ``depth`` the recorded tree is exactly the top
+    (~100 steps, ~30 s on a 2-core CPU with a trained head). After each prompt a short vanilla
+    run times the one-token step with the same code, so tree and vanilla steps are timed
+    alternately (a burst of load hits both), and the tree's costs can be put on the cost
+    curve's scale through the vanilla step (``choose_from``). For depth == ``depth`` the recorded tree is exactly the top
     ``total_tokens`` candidates, so tau is exact for every N <= total_tokens; for shallower
     trees a node below the recorded top ``total_tokens`` is missed, which only matters for
     N close to ``total_tokens`` and then only by low-confidence (rarely accepted) nodes.
     """
     big = TreeConfig(method="dynamic", depth=depth, top_k=top_k, total_tokens=total_tokens)
     greedy = SamplingConfig(temperature=0.0)
-    steps, draft_ms, verify_ms, step_ms = [], [], [], []
+    steps, draft_ms, verify_ms, step_ms, vanilla = [], [], [], [], []
     for prompt in prompts:
         for event in engine.generate(prompt, tree=big, sampling=greedy, max_new_tokens=max_new_tokens):
             if event.type != "step":
@@ -386,11 +440,10 @@ def calibrate(engine, prompts=CALIBRATION_SETTINGS["prompts"], depth: int = CALI
             draft_ms.append(event.draft_ms)
             verify_ms.append(event.verify_ms)
             step_ms.append(event.step_ms)
-    vanilla = []
-    for event in engine.generate(prompts[0], tree=TreeConfig(method="vanilla"), sampling=greedy,
-                                 max_new_tokens=vanilla_tokens):
-        if event.type == "step" and not event.prefill:
-            vanilla.append(event.step_ms)
+        for event in engine.generate(prompt, tree=TreeConfig(method="vanilla"), sampling=greedy,
+                                     max_new_tokens=max(2, vanilla_tokens // max(1, len(prompts)) + 1)):
+            if event.type == "step" and not event.prefill:
+                vanilla.append(event.step_ms)
     return Calibration(steps=steps, draft_ms=draft_ms, verify_ms=verify_ms, step_ms=step_ms,
                        vanilla_step_ms=vanilla, depth=depth, top_k=top_k, total_tokens=total_tokens)
 
@@ -402,23 +455,34 @@ def calibration_cache_path(key: dict) -> Path:
     return cache_dir() / "autotune" / f"calib-{key['head']}-{digest}.json"
 
 
-def cached_calibration(engine, refresh: bool = False, **kw) -> Calibration:
-    """``calibrate`` once per (target cost key, head weights, settings); later calls read JSON."""
+def _calibration_key(engine, settings: dict) -> dict:
     # the key holds every setting calibrate() is called with, defaults included, so a change of
     # the built-in prompts or lengths invalidates old records instead of silently reusing them
+    return dict(cost_cache_key(engine.target), head=head_fingerprint(engine.head), records="chain+interleaved",
+                **{k: (list(v) if isinstance(v, tuple) else v) for k, v in sorted(settings.items())})
+
+
+def kept_calibration(engine, **kw) -> Calibration | None:
+    """The kept calibration for this engine and settings, or None if there is none yet."""
+    key = _calibration_key(engine, {**CALIBRATION_SETTINGS, **kw})
+    try:
+        data = json.loads(calibration_cache_path(key).read_text())
+        return Calibration(**data) if data.get("key") == key else None
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def cached_calibration(engine, refresh: bool = False, **kw) -> Calibration:
+    """``calibrate`` once per (target cost key, head weights, settings); later calls read JSON.
+    A calibration timed while the machine was busy is kept all the same: its tau table does not
+    depend on load, and its timings are used relative to its own interleaved vanilla steps."""
     settings = {**CALIBRATION_SETTINGS, **kw}
-    key = dict(cost_cache_key(engine.target), head=head_fingerprint(engine.head), records="chain",
-               **{k: (list(v) if isinstance(v, tuple) else v) for k, v in sorted(settings.items())})
+    key = _calibration_key(engine, settings)
     path = calibration_cache_path(key)
-    if not refresh:
-        try:
-            data = json.loads(path.read_text())
-            if data.get("key") == key and not _timed_under_load(data.get("load"), key.get("device")):
-                return Calibration(**data)
-        except (OSError, ValueError, TypeError):
-            pass
+    if not refresh and (kept := kept_calibration(engine, **kw)) is not None:
+        return kept
     cal = calibrate(engine, **settings)
-    cal.key, cal.load = key, _load_average()   # its step timings are as trustworthy as this load
+    cal.key, cal.load = key, _load_average()   # for the record: the load it was measured at
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(asdict(cal)) + "\n")
@@ -439,6 +503,7 @@ class Candidate:
     other_ms: float
     tokens_per_s: float        # tau / (verify + draft + other)
     top_k: int | None = None   # 1 for a top-1 chain; None = the calibration's top_k
+    noise: float = 0.0         # relative uncertainty of tokens_per_s (tau's standard error, T(n)'s spread)
 
 
 def predict(cost: CostCurve, tau: float, depth: int, total_tokens: int, draft_ms_per_level: float,
@@ -452,7 +517,7 @@ def predict(cost: CostCurve, tau: float, depth: int, total_tokens: int, draft_ms
 
 def rank_candidates(cost: CostCurve, tau_of, draft_ms_per_level: float, other_ms: float,
                     depths=DEFAULT_DEPTHS, totals=DEFAULT_TOTALS, verify_ms_per_row: float = 0.0,
-                    tau_chain_of=None) -> list[Candidate]:
+                    tau_chain_of=None, tau_se_of=None) -> list[Candidate]:
     """Every (depth, total_tokens) in the grid with its predicted tokens/s, best first.
 
     ``tau_of(depth, total) -> (tau, tau_confidence)``. Trees with fewer nodes than levels
@@ -467,8 +532,10 @@ def rank_candidates(cost: CostCurve, tau_of, draft_ms_per_level: float, other_ms
     def add(d: int, t: int, taus: tuple[float, float], top_k: int | None = None) -> None:
         tau, tau_c = taus
         verify, draft, tps = predict(cost, tau, d, t, draft_ms_per_level, other_ms, verify_ms_per_row)
+        se = tau_se_of(d, None if top_k == 1 else t) if tau_se_of is not None else 0.0
+        noise = ((se / tau) ** 2 + cost.rel_noise(t + 1) ** 2) ** 0.5 if tau > 0 else 0.0
         out.append(Candidate(depth=d, total_tokens=t, tau=tau, tau_confidence=tau_c, verify_ms=verify,
-                             draft_ms=draft, other_ms=other_ms, tokens_per_s=tps, top_k=top_k))
+                             draft_ms=draft, other_ms=other_ms, tokens_per_s=tps, top_k=top_k, noise=noise))
 
     for d in depths:
         for t in totals:
@@ -478,6 +545,25 @@ def rank_candidates(cost: CostCurve, tau_of, draft_ms_per_level: float, other_ms
             add(d, d, tau_chain_of(d), top_k=1)   # a chain of depth d has exactly d nodes
     out.sort(key=lambda c: (-c.tokens_per_s, c.total_tokens, c.depth))
     return out
+
+
+def pick_robust(ranked: list[Candidate]) -> Candidate:
+    """The smallest candidate whose predicted tokens/s is within noise of the best one.
+
+    A larger tree must beat a smaller one by more than the two predictions' combined noise
+    (their relative uncertainties added in quadrature, times the best rate) to be chosen:
+    a small tree costs less memory and less when the prediction is wrong, and on a shared
+    machine a noisy measurement should not buy a big tree. With no noise this is the argmax.
+    ``ranked`` is best first (``rank_candidates``)."""
+    best = ranked[0]
+    by_size = sorted(ranked, key=lambda c: (c.total_tokens, c.depth))
+    for c in by_size:
+        if (c.total_tokens, c.depth) > (best.total_tokens, best.depth):
+            break
+        margin = best.tokens_per_s * (best.noise ** 2 + c.noise ** 2) ** 0.5
+        if c.tokens_per_s >= best.tokens_per_s - margin:
+            return c
+    return best
 
 
 @dataclass
@@ -506,8 +592,15 @@ class TreeChoice:
         v = self.predicted_vanilla_tokens_per_s
         return self.predicted_tokens_per_s / v if v > 0 else 0.0
 
+    @property
+    def chosen(self) -> Candidate:
+        """The candidate the tree was made from (``pick_robust``'s, not always the argmax)."""
+        t = self.tree
+        return next((c for c in self.candidates if (c.depth, c.total_tokens) == (t.depth, t.total_tokens)
+                     and (c.top_k or self.calibration_top_k) == t.top_k), self.candidates[0])
+
     def summary(self) -> str:
-        c = self.candidates[0]
+        c = self.chosen
         return (f"auto tree: depth {self.tree.depth}, total_tokens {self.tree.total_tokens}, top_k {self.tree.top_k} "
                 f"-> predicted {self.predicted_tokens_per_s:.1f} tokens/s (tau {c.tau:.2f}, "
                 f"verify {c.verify_ms:.0f} + draft {c.draft_ms:.0f} + other {c.other_ms:.0f} ms per step), "
@@ -533,20 +626,29 @@ class TreeChoice:
 
 def choose_from(cost: CostCurve, cal: Calibration, base: TreeConfig = TreeConfig(),
                 depths=DEFAULT_DEPTHS, totals=DEFAULT_TOTALS) -> TreeChoice:
-    """The argmax of the cost model, from a cost curve and a calibration (pure: no model runs)."""
+    """The tree to decode with, from a cost curve and a calibration (pure: no model runs):
+    the smallest candidate within noise of the cost model's argmax (``pick_robust``).
+
+    The calibration's timings were taken at another moment than the curve's, perhaps under
+    another load, so they are first put on the curve's scale: the calibration's own vanilla
+    step (timed between its tree runs) corresponds to the curve's T(1), and every calibration
+    time is multiplied by T(1) / that step. A busy neighbour during either measurement then
+    changes no prediction's ratio to vanilla."""
     depths = [d for d in depths if d <= cal.depth]
     totals = [t for t in totals if t <= cal.total_tokens]
-    draft_per_level = _mean(cal.draft_ms) / cal.depth
+    vanilla_cal = _quantile(cal.vanilla_step_ms, 0.5) if cal.vanilla_step_ms else 0.0
+    scale = cost(1) / vanilla_cal if vanilla_cal > 0 else 1.0
+    draft_per_level = scale * _mean(cal.draft_ms) / cal.depth
     # The engine's verify phase = the bare forward T(n) + per-row work (the softmax of every
     # row's logits, acceptance); whatever exceeds T(n) at the calibration size is charged per row.
     rows = cal.total_tokens + 1
-    per_row = max(0.0, _mean(cal.verify_ms) - cost(rows)) / rows
+    per_row = max(0.0, scale * _mean(cal.verify_ms) - cost(rows)) / rows
     # Everything else in a step (KV commit, the step record): a constant.
-    other = max(0.0, _mean(cal.step_ms) - _mean(cal.draft_ms) - _mean(cal.verify_ms))
+    other = scale * max(0.0, _mean(cal.step_ms) - _mean(cal.draft_ms) - _mean(cal.verify_ms))
     ranked = rank_candidates(cost, cal.tau, draft_per_level, other, depths, totals, per_row,
-                             tau_chain_of=cal.tau_chain)
-    best = ranked[0]
-    vanilla_ms = _mean(cal.vanilla_step_ms) or cost(1)
+                             tau_chain_of=cal.tau_chain, tau_se_of=cal.tau_se)
+    best = pick_robust(ranked)
+    vanilla_ms = cost(1)          # the vanilla step on the curve's scale
     tree = replace(base, method="dynamic", depth=best.depth, total_tokens=best.total_tokens,
                    top_k=best.top_k or cal.top_k)
     return TreeChoice(tree=tree, predicted_tokens_per_s=best.tokens_per_s,
@@ -557,7 +659,8 @@ def choose_from(cost: CostCurve, cal: Calibration, base: TreeConfig = TreeConfig
 
 
 def choose_tree(engine, method: str = "dynamic", base: TreeConfig | None = None, refresh: bool = False,
-                calibration: dict | None = None, progress=None) -> tuple[TreeConfig, TreeChoice]:
+                calibration: dict | None = None, progress=None,
+                measure: bool = True) -> tuple[TreeConfig, TreeChoice] | tuple[None, None]:
     """The "auto" tree for this engine: (TreeConfig to decode with, report to show).
 
     First call on a machine measures the target's forward cost curve (seconds) and runs a
@@ -569,11 +672,21 @@ def choose_tree(engine, method: str = "dynamic", base: TreeConfig | None = None,
     tau is calibrated with greedy verification; under sampling (temperature > 0) acceptance
     is usually lower, so the chosen tree is, if anything, a little large for sampling.
     If ``report.beats_vanilla`` is False (e.g. an untrained head), decode with vanilla.
+
+    ``measure=False`` never measures: it returns the choice from the kept profile, or
+    (None, None) when there is none yet (the CLI then starts from a small safe tree and
+    adapts while decoding, instead of calibrating in the foreground).
     """
     if method != "dynamic":
         raise ValueError(f"choose_tree tunes the dynamic (EAGLE-2) tree only, got method {method!r}")
     if engine.head is None:
         raise ValueError("choose_tree needs a draft head: its acceptance decides the tree size")
+    if not measure:
+        cost, cal = kept_cost_curve(engine.target), kept_calibration(engine, **(calibration or {}))
+        if cost is None or cal is None:
+            return None, None
+        choice = choose_from(cost, cal, base or TreeConfig())
+        return choice.tree, choice
     say = progress or (lambda message: None)
     say("auto tree: target forward cost over tree sizes (measured once per model, device, dtype)")
     cost = forward_cost_curve(engine.target, refresh=refresh)

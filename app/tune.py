@@ -1,0 +1,43 @@
+"""`python -m app tune`: measure this machine's profile for the auto tree, once, and keep it.
+
+The profile is the target's forward cost curve T(n) (timed as ratios to T(1), so load
+cancels) and the head's acceptance on built-in prompts (``app.engine.autotune``). ``generate``
+and the app read it and never re-measure on their own; run this again after changing the
+machine, the threads or the head (``--retune`` measures even if a profile is kept).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from app.args import add_model_arguments
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_model_arguments(p)
+    p.add_argument("--retune", action="store_true", help="measure again even if a profile is kept")
+
+
+def main(args) -> int:
+    from app.engine.autotune import choose_tree, cost_curve_text
+    from app.engine.factory import load_engine
+
+    try:
+        engine, _ = load_engine(args.base_model, args.draft_model, args.device, args.dtype,
+                                full_draft_vocab=args.full_draft_vocab)
+    except (ValueError, FileNotFoundError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    load = os.getloadavg()[0]
+    say = lambda m: print(f"[tune] {m}", file=sys.stderr, flush=True)  # noqa: E731
+    tree, choice = choose_tree(engine, refresh=args.retune, progress=say)
+    curve = choice.cost_curve
+    print(f"[tune] {engine.target.name} ({str(engine.target.dtype).replace('torch.', '')}) on "
+          f"{engine.target.device.type}, load average {load:.2f} -> {os.getloadavg()[0]:.2f}")
+    print(f"[tune] T(n), n query tokens: {cost_curve_text(curve.sizes, curve.ms)}")
+    if curve.noise:
+        print("[tune] relative spread of T(n)/T(1): "
+              + ", ".join(f"{n}: {x:.0%}" for n, x in zip(curve.sizes, curve.noise) if n > 1))
+    print(f"[tune] {choice.summary()}")
+    return 0

@@ -1,0 +1,135 @@
+"""Adapting the tree while decoding (app/engine/adapt.py): the bandit follows measured costs
+and acceptance, and output never depends on the tree it picks."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from app.engine.adapt import TreeAdapter, chain, default_candidates
+from app.engine.config import SamplingConfig, TreeConfig
+from app.engine.engine import Engine
+from app.engine.events import StepEvent
+
+
+def simulate(adapter: TreeAdapter, steps: int, cost_ms, accepted_of, start=None) -> list[str]:
+    """Feed the adapter step records whose time is ``cost_ms(tree, step)`` and whose accepted
+    length is ``accepted_of(tree, step)``; returns the tree key ("total/depth/top_k") per step."""
+    adapter.start(start)
+    used = []
+    for i in range(steps):
+        tree = adapter.next_tree()
+        k = min(accepted_of(tree, i), tree.depth)
+        event = StepEvent(step=i + 1, method="dynamic", tree=None, accepted=[7] * k, bonus=8,
+                          new_tokens=[7] * k + [8], text="", tree_config=tree.shape(), step_ms=cost_ms(tree, i))
+        adapter.observe(event)
+        used.append(f"{tree.total_tokens}/{tree.depth}/{tree.top_k}")
+    return used
+
+
+def always(k):
+    return lambda tree, i: k
+
+
+def test_cheap_trees_go_deep_and_expensive_trees_stay_short():
+    # the head's drafts are accepted 3 deep every time; only the cost of a level differs
+    flat = simulate(TreeAdapter(default_candidates()), 60, lambda t, i: 20 + 1 * t.total_tokens, always(3))
+    steep = simulate(TreeAdapter(default_candidates()), 60, lambda t, i: 20 + 40 * t.total_tokens, always(3))
+    assert max(set(flat[20:]), key=flat[20:].count) == "3/3/1"      # depth 4 would not add a token
+    assert max(set(steep[20:]), key=steep[20:].count) == "1/1/1"
+
+
+def test_a_change_of_load_moves_the_tree():
+    """Halfway through, big trees become expensive (a neighbour takes the cores and multi-token
+    forwards suffer most): the adapter leaves the deep chain for a short one."""
+    def cost(t, i):
+        return 20 + (1 if i < 60 else 60) * t.total_tokens
+    used = simulate(TreeAdapter(default_candidates(), explore_every=6), 140, cost, always(3))
+    before, after = used[30:60], used[100:]
+    assert before.count("3/3/1") > 20
+    assert after.count("1/1/1") > 25
+
+
+def test_a_change_of_text_moves_the_tree():
+    """Code then prose: acceptance falls from 3 deep to none; the deep chain stops paying."""
+    accepted = lambda t, i: 3 if i < 60 else 0                     # noqa: E731
+    used = simulate(TreeAdapter(default_candidates(), explore_every=6), 140, lambda t, i: 20 + 8 * t.total_tokens, accepted)
+    assert used[30:60].count("3/3/1") > 20
+    assert used[100:].count("1/1/1") > 25
+
+
+def test_a_chain_step_teaches_every_shorter_chain():
+    adapter = TreeAdapter([chain(1), chain(2), chain(4)])
+    adapter.start(chain(4))
+    for arm in adapter.arms:
+        arm.ms = 10.0
+    event = StepEvent(step=1, method="dynamic", tree=None, accepted=[1, 2], bonus=3, new_tokens=[1, 2, 3], text="",
+                      tree_config=chain(4).shape(), step_ms=10.0)
+    adapter.observe(event)
+    assert [a.tau for a in adapter.arms] == [2.0, 3.0, 3.0]       # 1 + min(2, d)
+    assert [a.tau_seen for a in adapter.arms] == [1, 1, 1]
+
+
+def test_every_candidate_is_tried_and_the_prefill_is_ignored():
+    adapter = TreeAdapter(default_candidates())
+    adapter.start(chain(2))
+    adapter.observe(StepEvent(step=0, method="dynamic", tree=None, accepted=[], bonus=1, new_tokens=[1], text="",
+                              prefill=True, step_ms=500.0))
+    assert adapter.steps == 0 and all(a.ms is None for a in adapter.arms)
+    used = simulate(adapter, 4, lambda t, i: 10.0, always(0), start=chain(2))
+    assert sorted(used) == ["1/1/1", "2/2/1", "3/3/1", "4/4/1"] and used[0] == "2/2/1"
+    with pytest.raises(ValueError, match="candidates"):
+        TreeAdapter([])
+
+
+POLICIES = [chain(1), chain(3), TreeConfig(method="dynamic", depth=3, top_k=4, total_tokens=12),
+            TreeConfig(method="static"), TreeConfig(method="threshold", tau_high=0.6, tau_low=0.1, depth=4),
+            TreeConfig(method="chain", depth=2, top_k=1, total_tokens=2)]
+
+
+def test_greedy_output_is_vanilla_whatever_the_adapter_picks(tiny):
+    """Every policy among the candidates, switching every step: still plain greedy decoding."""
+    target, head = tiny
+    engine = Engine(target, head)
+    for prompt in ([5, 17, 33, 90, 4], [7, 7, 7, 100, 200, 31, 9, 12]):
+        *_, vanilla = engine.generate(prompt_ids=prompt, tree=TreeConfig(method="vanilla"), max_new_tokens=40)
+        adapter = TreeAdapter(POLICIES, explore_every=1)
+        *steps, summary = engine.generate(prompt_ids=prompt, tree=chain(1), max_new_tokens=40, adapt=adapter)
+        assert summary.token_ids == vanilla.token_ids
+        used = {s.tree_config["method"] + str(s.tree_config["total_tokens"]) for s in steps[1:]}
+        assert len(used) >= 4, used                          # it really moved between policies
+        assert all(s.tree_config is not None and s.drafter == "eagle2" for s in steps[1:])
+
+
+def test_sampled_output_is_exact_under_adaptation(tiny):
+    """The first two answer tokens of runs whose tree changes every step, between rules (a
+    sampled chain verified with min(1, p/q), and a top-k tree verified as fixed candidates),
+    against the exact joint computed from the target: the first token comes from the
+    prefill, the second from the first speculative step. n = 1200 runs over the 25 likeliest
+    pairs: the TV distance's sampling noise is ~0.05 (bound 0.09)."""
+    target, head = tiny
+    engine = Engine(target, head)
+    prompt = [5, 17, 33, 90, 4]
+    ctx = prompt + [9]
+    with torch.no_grad():
+        p2 = torch.softmax(target.model(torch.tensor([ctx])).logits[0, -1], -1)
+        exact = {}
+        for a in torch.topk(p2, 5).indices.tolist():
+            p3 = torch.softmax(target.model(torch.tensor([ctx + [a]])).logits[0, -1], -1)
+            for b in torch.topk(p3, 5).indices.tolist():
+                exact[(a, b)] = float(p2[a] * p3[b])
+    candidates = [chain(2), TreeConfig(method="dynamic", depth=2, top_k=4, total_tokens=6), chain(1)]
+    counts: dict = {}
+    n = 1200
+    rules = set()
+    for seed in range(n):
+        adapter = TreeAdapter(candidates, explore_every=1)
+        *steps, summary = engine.generate(prompt_ids=ctx, tree=candidates[seed % 3], max_new_tokens=3,
+                                          sampling=SamplingConfig(temperature=1.0, seed=seed), adapt=adapter)
+        rules.update(s.rule for s in steps[1:])
+        key = tuple(summary.token_ids[:2])
+        counts[key] = counts.get(key, 0) + 1
+    tv = 0.5 * sum(abs(counts.get(k, 0) / n - v) for k, v in exact.items())
+    assert rules == {"sampled_chain", "sampled_tree"}
+    assert tv < 0.09, tv
