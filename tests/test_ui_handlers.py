@@ -50,13 +50,26 @@ def test_generate_streams_then_races(finished):
     assert views[0]["slider"] == (BASE["max_new_tokens"] - 1, 0)
 
 
-def test_vanilla_is_reused_when_only_tree_knobs_change(ctx, finished):
-    session, _ = finished
-    cached = session.vanilla
+def test_the_race_never_reuses_a_vanilla_timing(ctx):
+    """Every run races a fresh vanilla run, interleaved with it in chunks of tokens, even when
+    only tree knobs changed (a timing from an earlier run measured another machine load)."""
+    session = Session()
+    list(handlers.generate(ctx, session, **BASE))
+    first = session.race_vanilla
     views = list(handlers.generate(ctx, session, **{**BASE, "depth": 3, "method": "chain"}))
-    assert "vanilla run reused" in views[-1]["status"] and session.vanilla is cached
-    views = list(handlers.generate(ctx, session, **{**BASE, "max_new_tokens": 20}))
-    assert "measured" in views[-1]["status"] and session.vanilla is not cached
+    assert session.race_vanilla is not first and session.race_vanilla.summary is not first.summary
+    assert "vanilla measured alongside" in views[-1]["status"]
+    assert session.race_vanilla.summary.token_ids == session.summary.token_ids      # greedy: identical
+    speed = views[-1]["speedup"]
+    assert "Machine load average" in speed and "chunks of" in speed
+    # the two runs alternated: vanilla records arrived while EAGLE was still decoding
+    live = [v for v in views if "vanilla racing alongside" in v.get("status", "")]
+    assert live, [v.get("status") for v in views]
+    # race=False: no vanilla run at all
+    views = list(handlers.generate(ctx, session, race=False, **BASE))
+    assert session.race_vanilla is None and "no race" in views[-1]["status"]
+    with pytest.raises(ValueError, match="race"):
+        list(handlers.generate(ctx, session, race="yes", **BASE))
 
 
 def test_trace_roundtrip(ctx, finished):
@@ -149,7 +162,7 @@ def test_stop_ends_step_mode_and_frees_the_run(ctx):
     assert session.stepper is None and stepper.gi_frame is None and "stopped after 1 step" in view["status"]
 
 
-@pytest.mark.parametrize("phase", ["decoding with", "racing vanilla"])
+@pytest.mark.parametrize("phase", ["decoding with", "vanilla racing alongside"])
 def test_stop_is_the_last_word(ctx, phase):
     """Stop in either phase: once ``stop`` returns, the running handler has ended and yields
     nothing more, so no late "decoding…" update can overwrite "stopped after" on the page.
@@ -182,7 +195,7 @@ def test_stop_is_the_last_word(ctx, phase):
     assert len(views) == n             # not one view after Stop
     assert result["status"].startswith("stopped after")
     assert session.race_vanilla is None and session.trace_path is None   # the race never finished
-    if phase == "racing vanilla":
+    if session.summary is not None:     # EAGLE had finished, vanilla had not
         assert "vanilla race was not finished" in result["status"]
     assert ctx.engine_thread.wait_idle(10)   # the engine thread let go of the model
 

@@ -24,19 +24,22 @@ import numpy as np
 from app.engine.config import SamplingConfig, TreeConfig
 from app.engine.events import StepEvent, decoding_steps
 from app.ui import traces
+from app.engine.threads import engine_probe
 from app.ui.pump import BackgroundRun
+from app.ui.race import VANILLA, interleave
 from app.ui.requests import (INT_KNOBS, MAX_TEMPERATURE, SWEEP_KNOBS, TREE_KNOBS, Request, build_request,
                               setting_of)
 from app.ui.session import Session, VanillaRun
 from app.ui.settings import AppContext
 from app.viz.insights import calibration_figure, depth_figure, explorer_figure, tokens_per_step_figure
 from app.viz.phases import phase_account
-from app.viz.race import race_figure, speedup
+from app.viz.race import race_figure, speedup, speedup_with_spread
 from app.viz.stream import stream_html
 from app.viz.tree import tree_figure
 
 TRACE_DIR = os.path.join(tempfile.gettempdir(), "eagle-lens-traces")
-TRACE_MAX_AGE_S = 3600   # trace files older than this are deleted, so a busy server's disk cannot fill
+TRACE_MAX_AGE_S = 3600
+RACE_CHUNK_TOKENS = 16   # EAGLE and vanilla alternate every this many tokens (app/ui/race.py)   # trace files older than this are deleted, so a busy server's disk cannot fill
 
 
 # --- views: pure functions of the session ----------------------------------------------------
@@ -100,11 +103,13 @@ def speedup_text(session: Session) -> str:
     v = session.race_vanilla
     if v is None:
         return head + " — no vanilla run to compare with."
-    ratio = speedup(session.steps, v.steps)
-    ratio_text = f"{ratio:.2f}×" if ratio is not None else "n/a"
+    ratio_text = speedup_with_spread(session.steps, v.steps, RACE_CHUNK_TOKENS) or "n/a"
     why = speedup_decomposition(session.steps, v.steps)
+    load = getattr(session, "load", None) or [None, None]
+    conditions = (f" Machine load average {load[0]:.2f} → {load[1]:.2f} during the run; vanilla ran alongside, "
+                  f"in chunks of {RACE_CHUNK_TOKENS} tokens." if None not in load else "")
     return (f"### Speedup {ratio_text}\n{head}; vanilla {v.summary.tokens_per_s:.1f} tokens/s "
-            f"({v.summary.new_tokens} tokens).\n\n" + (f"{why}\n\n" if why else "") + _identical_note(session))
+            f"({v.summary.new_tokens} tokens).{conditions}\n\n" + (f"{why}\n\n" if why else "") + _identical_note(session))
 
 
 def speedup_decomposition(eagle_steps, vanilla_steps) -> str:
@@ -202,11 +207,9 @@ def request_problems(ctx: AppContext, raw: dict) -> dict[str, str]:
 
 
 def _run_vanilla(ctx: AppContext, session: Session, request: Request):
-    """The other half of the race, run after (never alongside) the EAGLE run. Yields views."""
+    """The other half of the race after a step-mode run (whose steps waited for clicks, so
+    nothing could run alongside them): a fresh vanilla run, never one from earlier. Yields views."""
     key = request.vanilla_key()
-    if session.vanilla is not None and session.vanilla.key == key:
-        session.race_vanilla, session.vanilla_reused = session.vanilla, True
-        return
     events = ctx.engine.generate(request.prompt, tree=TreeConfig(method="vanilla"), sampling=request.sampling,
                                  max_new_tokens=request.max_new_tokens)
     steps = []
@@ -217,7 +220,7 @@ def _run_vanilla(ctx: AppContext, session: Session, request: Request):
                 return      # before taking the batch: a stopped race is never recorded as finished
             for ev in batch:
                 if ev.type == "summary":
-                    session.vanilla = session.race_vanilla = VanillaRun(key, steps, ev)
+                    session.race_vanilla = VanillaRun(key, steps, ev)
                 else:
                     steps.append(ev)
             if batch and session.race_vanilla is None:
@@ -227,9 +230,10 @@ def _run_vanilla(ctx: AppContext, session: Session, request: Request):
         run.close()
 
 
-def _finish(ctx: AppContext, session: Session, request: Request):
-    """After the EAGLE run: the race, then the final page and a trace file."""
-    if request.tree.uses_draft:
+def _finish(ctx: AppContext, session: Session, request: Request, raced: bool = False):
+    """After the EAGLE run: the race (unless it ran alongside, or was not asked for), then the
+    final page and a trace file."""
+    if request.tree.uses_draft and not raced and session.race_requested:
         yield {"status": "EAGLE done; racing vanilla decoding…"}
         if session.stop_requested:
             return          # Stop before the race: do not start it
@@ -242,26 +246,50 @@ def _finish(ctx: AppContext, session: Session, request: Request):
     yield view
 
 
+def _load_average() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):
+        return None
+
+
 def _done_status(session: Session) -> str:
-    reused = session.vanilla_reused
     page = ""
     if session.app_seconds and session.summary is not None and session.app_seconds > 0:
         page = f"; through this page {session.summary.new_tokens / session.app_seconds:.1f} tokens/s wall-clock"
-    return f"done ({'vanilla run reused' if reused else 'measured'}{page})."
+    return f"done ({'vanilla measured alongside' if session.race_vanilla else 'no race'}{page})."
 
 
-def generate(ctx: AppContext, session: Session, step_mode: bool = False, **raw):
-    """Generate: stream the EAGLE run, then race vanilla. Stop sets ``session.stop_requested``,
-    which ends this generator at its next update; closing it (Gradio's cancel, a closed tab)
-    does the same. Either way the engine's thread ends generation after the current step."""
+def _raced(ctx: AppContext, eagle, vanilla):
+    """The records of both runs, interleaved in chunks (``app.ui.race``), run on the engine
+    thread with the thread count chosen for this request (``app.engine.threads``)."""
+    if ctx.thread_probe is None:
+        ctx.thread_probe = engine_probe(ctx.engine)
+    ctx.threads.apply(ctx.thread_probe)
+    yield from interleave(eagle, vanilla, RACE_CHUNK_TOKENS)
+
+
+def generate(ctx: AppContext, session: Session, step_mode: bool = False, race: bool = True, **raw):
+    """Generate: stream the EAGLE run with a fresh vanilla run interleaved in chunks (the race;
+    ``race=False`` skips it). Stop sets ``session.stop_requested``, which ends this generator
+    at its next update; closing it (Gradio's cancel, a closed tab) does the same. Either way
+    the engine's thread ends generation after the current step."""
     request = parse(ctx, raw)
     if not isinstance(step_mode, bool):
         raise ValueError(f"step_mode must be true or false, got {step_mode!r}")
+    if not isinstance(race, bool):
+        raise ValueError(f"race must be true or false, got {race!r}")
     with session.running():
         events = ctx.engine.generate(request.prompt, tree=request.tree, sampling=request.sampling,
                                      max_new_tokens=request.max_new_tokens)
+        racing = race and request.tree.uses_draft and not step_mode
+        vanilla_events = ctx.engine.generate(request.prompt, tree=TreeConfig(method="vanilla"),
+                                             sampling=request.sampling,
+                                             max_new_tokens=request.max_new_tokens) if racing else None
         session.start(request.settings(), _model_info(ctx))
-        cached = session.vanilla.steps if session.vanilla and session.vanilla.key == request.vanilla_key() else None
+        session.race_requested = race
+        vanilla_steps: list[StepEvent] = []
+        cached = vanilla_steps if racing else None
 
         def first_view() -> dict:
             """The run's first page: empty stream and tree, the slider's range set once for
@@ -276,24 +304,35 @@ def generate(ctx: AppContext, session: Session, step_mode: bool = False, **raw):
             yield from _step(ctx, session)
             return
         t0 = time.perf_counter()
-        run = BackgroundRun(events, ctx.engine_thread)   # the engine starts (prefill) on its thread now
+        session.load = [_load_average(), None]
+        run = BackgroundRun(_raced(ctx, events, vanilla_events), ctx.engine_thread)   # starts on its thread now
         try:
             yield first_view()   # drawn meanwhile
             for batch in run.batches(ctx.update_interval):
-                for ev in batch:
-                    if ev.type == "summary":
+                for side, ev in batch:
+                    if side == VANILLA:
+                        if ev.type == "summary":
+                            session.race_vanilla = VanillaRun(request.vanilla_key(), list(vanilla_steps), ev)
+                        else:
+                            vanilla_steps.append(ev)
+                    elif ev.type == "summary":
                         session.summary = ev
+                        session.app_seconds = time.perf_counter() - t0
                     else:
                         session.steps.append(ev)
                 if session.stop_requested:
                     return
-                if batch and session.summary is None:   # an empty batch: nothing new to draw
-                    yield live_view(session, f"decoding with {request.tree.method}…", cached)
+                if batch and (session.summary is None or (racing and session.race_vanilla is None)):
+                    status = (f"decoding with {request.tree.method}"
+                              + (f", vanilla racing alongside ({sum(len(s.new_tokens) for s in vanilla_steps)} tokens)"
+                                 if racing else "") + "…")
+                    yield live_view(session, status, cached)
         finally:
             run.close()
-        session.app_seconds = time.perf_counter() - t0
-        yield live_view(session, "EAGLE done" if request.tree.uses_draft else "done", cached)
-        yield from _finish(ctx, session, request)
+        session.load[1] = _load_average()
+        if session.app_seconds is None:
+            session.app_seconds = time.perf_counter() - t0
+        yield from _finish(ctx, session, request, raced=racing)
 
 
 def step(ctx: AppContext, session: Session):

@@ -13,7 +13,7 @@ from app.engine.events import RunSummary, StepEvent
 
 @dataclass
 class VanillaRun:
-    """The vanilla side of the race, kept so that changing only tree knobs reuses it."""
+    """The vanilla side of the race: a fresh run for every request."""
 
     key: tuple
     steps: list[StepEvent]
@@ -26,9 +26,9 @@ class Session:
     model: dict = field(default_factory=dict)        # target / head / device / dtype of that run
     steps: list[StepEvent] = field(default_factory=list)
     summary: RunSummary | None = None
-    vanilla: VanillaRun | None = None                 # at most one cached vanilla run: bounded memory
-    race_vanilla: VanillaRun | None = None            # the vanilla run shown next to this run
-    vanilla_reused: bool = False                      # race_vanilla came from the cache
+    race_vanilla: VanillaRun | None = None            # the vanilla run raced against this run (never reused)
+    race_requested: bool = True                       # the visitor asked for the race
+    load: list | None = None                          # load average at the start and end of the run
     source: str = ""                                  # "live" or "trace: NAME"
     stepper: Iterator | None = None                   # step mode: the paused generation
     stepper_request: object | None = None             # its validated Request, for the race at the end
@@ -39,11 +39,11 @@ class Session:
     stop_requested: bool = False                      # Stop was pressed; that handler ends at its next update
 
     def start(self, settings: dict, model: dict, source: str = "live") -> None:
-        """Forget the run on screen (not the cached vanilla run) and start a new one."""
+        """Forget the run on screen and start a new one."""
         self.close()
         self.settings, self.model, self.source = dict(settings), dict(model), source
         self.steps, self.summary, self.race_vanilla, self.app_seconds = [], None, None, None
-        self.vanilla_reused = False
+        self.load = None
 
     @contextmanager
     def running(self):

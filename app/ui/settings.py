@@ -25,6 +25,7 @@ import os
 from dataclasses import dataclass, field
 
 from app.engine.config import GenerationLimits, TreeConfig
+from app.engine.threads import ThreadGovernor
 from app.ui.engine_thread import EngineThread
 
 
@@ -113,6 +114,10 @@ class AppContext:
     # one OpenMP team instead of one per thread, and the visitors' runs serialised on the shared
     # model, including the moment after a Stop when the stopped run finishes its last step).
     engine_thread: EngineThread = field(default_factory=EngineThread, repr=False)
+    # How many threads the next run uses, timed just before it (app/engine/threads.py); the
+    # probe forward is built on the engine thread at the first run.
+    threads: ThreadGovernor = field(default_factory=ThreadGovernor, repr=False)
+    thread_probe: object | None = field(default=None, repr=False)
 
     @property
     def update_interval(self) -> float:
