@@ -26,6 +26,9 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto",
                    help="auto (the faster of float32 and bfloat16 where the hardware has native bfloat16, "
                         "measured once) | float32 (exact: greedy output identical to plain decoding) | bfloat16 | float16")
+    p.add_argument("--threads", default="auto",
+                   help="CPU threads: auto (timed just before decoding: on a busy machine fewer threads can be "
+                        "faster) or a number")
     p.add_argument("--full-draft-vocab", action="store_true",
                    help="let the head propose from the whole vocabulary even if it ships a reduced draft vocabulary")
 
@@ -41,3 +44,19 @@ def tree_config_from(args, method: str | None = None) -> TreeConfig:
 def wants_auto_tree(args) -> bool:
     """dynamic with none of depth / top_k / total_tokens given: size the tree for this machine."""
     return args.method == "dynamic" and args.depth is None and args.top_k is None and args.total_tokens is None
+
+
+def thread_governor(args):
+    """The ThreadGovernor for ``--threads`` (auto, or a fixed positive count)."""
+    from app.engine.threads import ThreadGovernor
+
+    raw = getattr(args, "threads", "auto")
+    if raw in (None, "auto"):
+        return ThreadGovernor()
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"threads must be auto or a positive integer, got {raw!r}")
+    return ThreadGovernor(fixed=n)

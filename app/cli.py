@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 
-from app.args import add_model_arguments, add_tree_arguments, tree_config_from, wants_auto_tree
+from app.args import add_model_arguments, add_tree_arguments, thread_governor, tree_config_from, wants_auto_tree
 from app.engine.config import METHODS, SamplingConfig, TreeConfig
 
 _SAMPLING = SamplingConfig()
@@ -50,6 +50,7 @@ def auto_tree(engine, base: TreeConfig, say):
 def main(args) -> int:
     try:
         tree = tree_config_from(args)
+        thread_governor(args)             # a bad --threads fails here, before any model loads
         sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p,
                                   top_k_sampling=args.top_k_sampling, seed=args.seed)
         from app.engine.config import check_max_new_tokens, check_prompt
@@ -61,6 +62,11 @@ def main(args) -> int:
                                 head="required" if tree.uses_draft else "none",
                                 full_draft_vocab=args.full_draft_vocab)
         say = lambda m: print(f"[auto] {m}", file=sys.stderr, flush=True)  # noqa: E731
+        from app.engine.threads import engine_probe
+
+        governor = thread_governor(args)
+        governor.apply(engine_probe(engine))
+        say(f"threads: {governor.text()}")
         adapter = None
         if wants_auto_tree(args):
             tree, adapter = auto_tree(engine, tree, say)
