@@ -43,11 +43,12 @@ def ab_figure(a_steps: list[StepEvent], a_summary: RunSummary, b_steps: list[Ste
                              hovertemplate=f"{name}: %{{y:.1f}} tokens/s{speedup} vs vanilla<extra></extra>"),
                       row=1, col=3)
     fig.add_hline(y=1.0, line=dict(color=style.VANILLA, dash="dot", width=1.5), row=1, col=2,
-                  annotation_text="vanilla: 1", annotation_position="bottom right", annotation_font_size=10)
+                  annotation_text="vanilla: 1", annotation_position="bottom right", annotation_font_size=10,
+                  annotation_bgcolor="rgba(255,255,255,0.85)")
     if vanilla_tokens_per_s:
         fig.add_hline(y=vanilla_tokens_per_s, line=dict(color=style.VANILLA, dash="dash", width=2), row=1, col=3,
                       annotation_text=f"vanilla {vanilla_tokens_per_s:.0f}", annotation_position="bottom right",
-                      annotation_font_size=10)
+                      annotation_font_size=10, annotation_bgcolor="rgba(255,255,255,0.85)")
     top_tau = max(a_summary.mean_accepted, b_summary.mean_accepted, 1.0)
     top_tps = max(a_summary.tokens_per_s, b_summary.tokens_per_s, vanilla_tokens_per_s or 0.0)
     fig.update_layout(style.BASE_LAYOUT, height=height, barmode="group", uirevision="ab",
@@ -56,7 +57,7 @@ def ab_figure(a_steps: list[StepEvent], a_summary: RunSummary, b_steps: list[Ste
     fig.update_xaxes(showticklabels=False, row=1, col=2)   # the legend names the runs
     fig.update_xaxes(showticklabels=False, row=1, col=3)
     fig.update_yaxes(range=[0, 1.05], tickformat=".0%", row=1, col=1)
-    fig.update_xaxes(title_text="depth", dtick=1, row=1, col=1)
+    fig.update_xaxes(title=dict(text="depth", standoff=2), dtick=1, row=1, col=1)
     fig.update_yaxes(range=[0, top_tau * 1.25], row=1, col=2)
     fig.update_yaxes(range=[0, top_tps * 1.25], row=1, col=3)
     fig.update_annotations(font_size=12)

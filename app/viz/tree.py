@@ -22,7 +22,7 @@ confidence, depth, position and status.
 Big trees: above ``fold_above`` nodes (EAGLE-2's 60-node trees, say) the tree is folded
 around the accepted path: the path, the best ``max_siblings`` alternatives at each of its
 levels, and one grey "+N more" node per path node that counts everything else hanging there.
-``expand=True`` draws every node.
+``fold=False`` draws every node (the figure grows ``ROW_PX`` per node: the page scrolls).
 """
 from __future__ import annotations
 
