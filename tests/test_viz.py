@@ -10,9 +10,10 @@ from app.engine.config import TreeConfig
 from app.engine.engine import Engine
 from app.engine.events import DraftTreeRecord, StepEvent, acceptance_by_depth
 from app.viz import insights, race, style
+from app.viz import tree as tree_view
 from app.viz.phases import phase_account
 from app.viz.stream import split_step_text, stream_html
-from app.viz.tree import ROOT_ID, tidy_layout, tree_figure, tree_graph
+from app.viz.tree import tree_figure
 
 
 @pytest.fixture(scope="module")
@@ -24,37 +25,30 @@ def run(tiny):
     return events[:-1], events[-1]
 
 
-def test_tidy_layout_centres_parents_and_separates_leaves():
-    parents = [-1, -1, 0, 0, 0, 1, 5]
-    g = tree_graph(parents)
-    pos = tidy_layout(g)
-    for node in g.nodes:
-        kids = list(g.successors(node))
-        if kids:
-            assert pos[node][0] == pytest.approx((pos[kids[0]][0] + pos[kids[-1]][0]) / 2)
-            assert all(pos[k][1] == pos[node][1] - 1 for k in kids)
-    leaves = [pos[n][0] for n in g.nodes if g.out_degree(n) == 0]
-    assert len(set(leaves)) == len(leaves)
-    assert pos[ROOT_ID][1] == 0
-
-
 def test_tree_figure_draws_every_status(run):
+    """Every node is filled with its confidence; the status is its outline, shape and edge."""
     steps, _ = run
-    step = max(steps, key=lambda s: len(s.accepted))   # a step with an accepted path
+    step = max(steps[1:], key=lambda s: len(s.accepted))   # a step with an accepted path
     assert step.accepted, "the trained tiny head should get some tokens accepted"
-    fig = tree_figure(step)
-    nodes = fig.data[2]
     tree = step.tree
-    assert len(nodes.x) == len(tree)
+    assert {"accepted", "rejected"} <= set(tree.status)
+    fig = tree_figure(step)
+    nodes = next(t for t in fig.data if t.name == "nodes")
+    drawn = list(nodes.customdata)
+    assert sorted(drawn) == list(range(len(tree)))
     assert (nodes.marker.cmin, nodes.marker.cmax) == (0.0, 1.0) and nodes.marker.colorbar is not None
-    assert list(nodes.marker.color) == pytest.approx(tree.confidence)
-    for i, status in enumerate(tree.status):
-        assert f"status: {status}" in nodes.hovertext[i] and "confidence" in nodes.hovertext[i]
-        assert nodes.marker.opacity[i] == (style.UNREACHED_OPACITY if status == "unreached" else 1.0)
-        assert (nodes.marker.symbol[i] == "circle-x") == (status == "rejected")
-    green = fig.data[1]
-    assert sum(x is None for x in green.x) == len(step.accepted) + (len(step.new_tokens) > len(step.accepted))
-    assert fig.data[-1].marker.symbol == "diamond"   # the bonus node
+    # the fill is the confidence for EVERY node, rejected and unreached ones included
+    assert list(nodes.marker.color) == pytest.approx([tree.confidence[i] for i in drawn])
+    assert nodes.marker.opacity == 1.0
+    for j, i in enumerate(drawn):
+        status = tree.status[i]
+        assert f"status: {status}" in nodes.hovertext[j] and "q (draft)" in nodes.hovertext[j] and "p (target)" in nodes.hovertext[j]
+        symbol, size, outline, width, _ = tree_view.NODE_STYLE[status]
+        assert (nodes.marker.symbol[j], nodes.marker.line.color[j]) == (symbol, outline)
+    green = next(t for t in fig.data if t.name == "accepted edges")
+    assert sum(x is None for x in green.x) == len(step.accepted)
+    bonus = next(t for t in fig.data if t.name == "bonus")
+    assert bonus.marker.symbol == "diamond"
     assert fig.layout.uirevision == "tree"
 
 
@@ -76,6 +70,8 @@ def test_fast_figures_are_valid_plotly(run):
 def test_tree_figure_without_a_tree():
     vanilla = StepEvent(step=0, method="vanilla", tree=None, accepted=[], bonus=7, new_tokens=[7], text="x")
     assert "vanilla" in tree_figure(vanilla).layout.annotations[0].text
+    prefill = StepEvent(step=0, method="dynamic", tree=None, accepted=[], bonus=7, new_tokens=[7], text="x", prefill=True)
+    assert "prefill" in tree_figure(prefill).layout.annotations[0].text
     assert tree_figure(None).layout.annotations[0].text == "no step yet"
 
 

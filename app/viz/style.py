@@ -8,8 +8,8 @@ DRAFT = "#15803d"        # an accepted draft token (the head guessed it, the tar
 DRAFT_BG = "#dcfce7"
 BONUS = "#1d4ed8"        # the target's own bonus token, produced by the verify forward
 BONUS_BG = "#dbeafe"
-REJECTED = "#dc2626"     # a node the target looked at and refused
-UNREACHED_OPACITY = 0.28  # a node below a rejected one: never checked
+REJECTED = "#dc2626"     # a node the target looked at and refused (its outline and edge)
+UNREACHED_LINE = "#6b7280"  # outline of a node below a rejected one: never checked
 ROOT = "#6b7280"         # the last committed token, where the tree hangs
 EDGE = "#9ca3af"
 VANILLA = "#6b7280"      # the vanilla curve in the speed race
@@ -45,12 +45,13 @@ LEGEND_ROWS = (
      "the draft head proposed it and the target's verify forward agreed"),
     ("bonus token", f"background:{BONUS_BG};border-bottom:2px solid {BONUS}",
      "the target's own next token, free with every verify forward"),
-    ("rejected node", f"border:2px solid {REJECTED};border-radius:50%",
-     "the target checked this draft token and chose another one"),
-    ("unreached node", f"opacity:{UNREACHED_OPACITY};background:#888;border-radius:50%",
-     "an ancestor was rejected, so the target never got to it"),
+    ("rejected node", f"border:2px solid {REJECTED};background:#3b528b",
+     "square, red outline: the target checked this draft token and chose another one"),
+    ("unreached node", f"border:1px solid {UNREACHED_LINE};border-radius:50%;background:#21918c",
+     "small circle, thin outline, dotted edge: an ancestor was rejected, so the target never got to it"),
     ("node colour", "background:linear-gradient(90deg,#440154,#21918c,#fde725)",
-     "draft confidence: product of q along the path, 0 (dark) to 1 (yellow)"),
+     "draft confidence of every node (product of q along its path), 0 (dark) to 1 (yellow); "
+     "the outline and the edge tell the node's fate"),
 )
 
 

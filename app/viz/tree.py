@@ -1,19 +1,34 @@
 """The draft tree of one step as a plotly figure.
 
-Layout: a classic tidy tree drawn top-down. The tree is built as a networkx ``DiGraph``
-(root -> children, children in draft-rank order); leaves get consecutive x positions in
-depth-first order and every parent is centred over its first and last child, so subtrees
-never overlap and parents sit over their children. y is minus the depth.
+Layout: an *outline*, like a file browser. Every drawn node has its own row (a depth-first
+walk, the accepted path first) and sits in the column of its depth (root = column 0). Each
+label sits to the right of its node, on that node's row, and nothing else is ever drawn on a
+row to the right of its node, so labels cannot collide and no edge can strike one through:
+an edge leaves its parent straight down (at the parent's x, left of every label below it)
+and turns right into the child on the child's own row.
 
-Drawing: nodes are coloured by draft confidence on a fixed 0..1 scale (with a colour bar),
-labelled with their token; the accepted path is drawn bold and green, rejected nodes get a
-red ring with a cross, unreached nodes are faded, and the target's bonus token hangs below
-the last accepted node as a blue diamond — the target's own node. Hover shows token, q, p,
-confidence, depth and status.
+Drawing: EVERY draft node is filled with its draft confidence (product of q along the path)
+on a fixed 0..1 colour scale. What happened to it is told by its outline, its shape and the
+edge into it, never by its fill:
+
+    accepted    circle, thick green outline, thick green edge (drawn last, on top)
+    rejected    square, red outline, dotted red edge: the target checked it and chose another
+    unreached   small circle, thin grey outline, dotted grey edge: an ancestor was rejected
+
+The target's bonus token hangs from the last accepted node as a blue diamond (the target's own
+node). Labels are truncated to ``LABEL_CHARS`` characters; hover shows the full token, q, p,
+confidence, depth, position and status.
+
+Big trees: above ``fold_above`` nodes (EAGLE-2's 60-node trees, say) the tree is folded
+around the accepted path: the path, the best ``max_siblings`` alternatives at each of its
+levels, and one grey "+N more" node per path node that counts everything else hanging there.
+``fold=False`` draws every node (the figure grows ``ROW_PX`` per node: the page scrolls).
 """
 from __future__ import annotations
 
 import html
+import unicodedata
+from dataclasses import dataclass, field
 
 import networkx as nx
 import plotly.graph_objects as go
@@ -25,137 +40,323 @@ from app.viz.stream import split_step_text
 ROOT_ID = "root"
 BONUS_ID = "bonus"
 
+LABEL_CHARS = 10        # longer tokens are cut (the full token is in the hover)
+FONT_PX = 11            # label font size; labels use a monospace font (widths are predictable)
+ROW_PX = 20             # vertical pixels per outline row: > a label's line height (~1.3 x FONT_PX)
+FOLD_ABOVE = 30         # trees with more nodes than this are folded around the accepted path
+MAX_SIBLINGS = 4        # folded: alternatives shown per accepted-path level
+MARGIN = dict(l=16, t=64, b=12)
+COLORBAR_PX = 80        # room for the colour bar right of the labels
+MIN_HEIGHT = 220
+MIN_COLUMNS = 6         # a shallow tree still gets columns this wide (it does not stretch across the page)
 
-def show_token(text: str, escape: bool = True) -> str:
-    """A token as a short visible label: spaces and newlines made visible; HTML escaped for
-    plotly labels, or (``escape=False``) made safe for a Markdown code span instead."""
+
+def show_token(text: str, escape: bool = True, limit: int = 12) -> str:
+    """A token as a short visible label: spaces and newlines made visible, cut to ``limit``
+    characters; HTML escaped for plotly labels, or (``escape=False``) made safe for a
+    Markdown code span instead."""
     text = text.replace("\n", "↵").replace("\t", "⇥")
     if text.startswith(" "):
         text = "␣" + text[1:]
-    if len(text) > 12:
-        text = text[:11] + "…"
+    if len(text) > limit:
+        text = text[: limit - 1] + "…"
     if not text:
         return "∅"
-    return html.escape(text) if escape else text.replace("`", "ˋ")
+    # plotly's text renders &lt; &gt; &amp; but not &quot;: quotes stay as they are
+    return html.escape(text, quote=False) if escape else text.replace("`", "ˋ")
 
 
-def tree_graph(parents: list[int], bonus_parent: int | None = None) -> nx.DiGraph:
-    """networkx tree: node ids are draft indices, plus ``ROOT_ID`` and (optionally) ``BONUS_ID``
-    attached under draft node ``bonus_parent`` (-1 = under the root)."""
+def label_width_px(label: str, font_px: float = FONT_PX) -> float:
+    """Width of a (possibly HTML-escaped, possibly <b>-wrapped) label in a monospace font:
+    0.6 em per character, 1 em for East Asian wide characters."""
+    text = html.unescape(label.replace("<b>", "").replace("</b>", ""))
+    return sum(font_px * (1.0 if unicodedata.east_asian_width(c) in "WF" else 0.6) for c in text)
+
+
+# --- which nodes are drawn, and in which rows -----------------------------------------------
+
+def _children(parents: list[int]) -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {-1: []}
+    for i, p in enumerate(parents):
+        kids.setdefault(p, []).append(i)
+        kids.setdefault(i, [])
+    return kids
+
+
+def _descendants(kids: dict[int, list[int]], node: int) -> list[int]:
+    out, stack = [], list(kids[node])
+    while stack:
+        n = stack.pop()
+        out.append(n)
+        stack.extend(kids[n])
+    return out
+
+
+def accepted_path(step: StepEvent) -> list[int]:
+    """The accepted node indices from the root down."""
+    tree = step.tree
+    return sorted((i for i, s in enumerate(tree.status) if s == "accepted"), key=lambda i: tree.depths[i])
+
+
+def _ordered(kids: list[int], status: list[str], confidence: list[float]) -> list[int]:
+    """Children in drawing order: the accepted one first, then by confidence (best first)."""
+    return sorted(kids, key=lambda c: (status[c] != "accepted", -confidence[c], c))
+
+
+def display_order(parents: list[int], status: list[str], confidence: list[float]) -> list[int]:
+    """All node indices in depth-first order, the accepted child first at every level, then
+    siblings by confidence. Ancestors always come before their descendants, and the accepted
+    path takes the first places: the order of the outline's rows and of the mask view."""
+    kids = _children(parents)
+    out: list[int] = []
+    stack = list(reversed(_ordered(kids[-1], status, confidence)))
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        stack.extend(reversed(_ordered(kids[node], status, confidence)))
+    return out
+
+
+def fold_tree(step: StepEvent, max_siblings: int = MAX_SIBLINGS) -> tuple[set[int], dict[int, list[int]]]:
+    """Fold a tree around its accepted path: (drawn nodes, {path node or -1: folded nodes}).
+
+    Drawn: the accepted path, and at each path node (and the root) its best ``max_siblings``
+    other children. Every other node is counted in exactly one fold: that of the nearest
+    path node above it. So drawn + folded is every node, once."""
+    tree = step.tree
+    kids = _children(tree.parents)
+    path = accepted_path(step)
+    drawn = set(path)
+    folded: dict[int, list[int]] = {}
+    for spine in [-1] + path:
+        others = [c for c in _ordered(kids[spine], tree.status, tree.confidence) if tree.status[c] != "accepted"]
+        shown = others[:max_siblings]
+        drawn.update(shown)
+        hidden = []
+        for c in others:
+            hidden += ([] if c in shown else [c]) + _descendants(kids, c)
+        if hidden:
+            folded[spine] = sorted(hidden)
+    return drawn, folded
+
+
+@dataclass
+class TreeLayout:
+    """Rows of the outline. Keys: draft node index, ``ROOT_ID``, ``BONUS_ID`` or ("fold", parent)."""
+
+    rows: list = field(default_factory=list)          # keys, top to bottom
+    parent: dict = field(default_factory=dict)        # key -> parent key
+    column: dict = field(default_factory=dict)        # key -> depth column
+    folded: dict = field(default_factory=dict)        # path node (-1 = root) -> folded node indices
+
+    def xy(self, key) -> tuple[float, float]:
+        return float(self.column[key]), -float(self.rows.index(key))
+
+
+def tree_layout(step: StepEvent, bonus_parent: int | None, fold: bool,
+                max_siblings: int = MAX_SIBLINGS) -> TreeLayout:
+    """The outline's rows: a depth-first walk of a networkx ``DiGraph`` whose children are
+    added in drawing order (bonus, accepted child, siblings by confidence, the fold node)."""
+    tree = step.tree
+    if fold:
+        drawn, folded = fold_tree(step, max_siblings)
+    else:
+        drawn, folded = set(range(len(tree))), {}
+    kids = _children(tree.parents)
+    key = lambda i: ROOT_ID if i < 0 else i   # noqa: E731
     g = nx.DiGraph()
     g.add_node(ROOT_ID)
-    for i, parent in enumerate(parents):
-        g.add_edge(ROOT_ID if parent < 0 else parent, i)
-    if bonus_parent is not None:
-        g.add_edge(ROOT_ID if bonus_parent < 0 else bonus_parent, BONUS_ID)
-    return g
+    out = TreeLayout(folded=folded)
+    out.column[ROOT_ID] = 0
+    for node in [-1] + display_order(tree.parents, tree.status, tree.confidence):
+        if node >= 0 and node not in drawn:
+            continue
+        depth = 0 if node < 0 else tree.depths[node]
+        if bonus_parent == node:
+            g.add_edge(key(node), BONUS_ID)
+            out.parent[BONUS_ID], out.column[BONUS_ID] = key(node), depth + 1
+        for c in _ordered(kids[node], tree.status, tree.confidence):
+            if c in drawn:
+                g.add_edge(key(node), c)
+                out.parent[c], out.column[c] = key(node), depth + 1
+        if node in folded:
+            g.add_edge(key(node), ("fold", node))
+            out.parent[("fold", node)], out.column[("fold", node)] = key(node), depth + 1
+    out.rows = list(nx.dfs_preorder_nodes(g, ROOT_ID))
+    return out
 
 
-def tidy_layout(g: nx.DiGraph, root=ROOT_ID) -> dict:
-    """{node: (x, y)} for a tree: leaves 0, 1, 2, ... left to right in depth-first order,
-    each parent centred over its children, y = -depth."""
-    pos: dict = {}
-    next_leaf = 0
-    depth = nx.shortest_path_length(g, root)
-    for node in nx.dfs_postorder_nodes(g, root):  # children are finished before their parent
-        kids = list(g.successors(node))
-        if kids:
-            x = (pos[kids[0]][0] + pos[kids[-1]][0]) / 2
-        else:
-            x, next_leaf = float(next_leaf), next_leaf + 1
-        pos[node] = (x, -depth[node])
-    return pos
-
+# --- the figure -------------------------------------------------------------------------------
 
 def _bonus_parent(step: StepEvent) -> int | None:
     """The draft node the bonus token follows (-1 = the root), or None when the step ended at
     EOS / the token budget before the bonus token."""
     if len(step.new_tokens) <= len(step.accepted):
         return None
-    tree = step.tree
-    accepted = [i for i, s in enumerate(tree.status) if s == "accepted"]
-    return max(accepted, key=lambda i: tree.depths[i]) if accepted else -1
+    path = accepted_path(step)
+    return path[-1] if path else -1
+
+
+def _quoted(text: str) -> str:
+    """A token in full for a hover: quoted, escapes visible, HTML-safe."""
+    return html.escape(repr(text), quote=False)
 
 
 def _fmt(value) -> str:
     return "—" if value is None else f"{value:.3f}"
 
 
-def tree_figure(step: StepEvent | None, title: str | None = None, bonus_text: str | None = None,
-                height: int = 380) -> go.Figure:
-    """The figure for one step's draft tree (an empty, captioned figure when there is none).
+EDGE_STYLE = {   # status of the child -> (trace name, line); later entries are drawn on top
+    "unreached": ("unreached edges", dict(color=style.EDGE, width=1, dash="dot")),
+    "rejected": ("rejected edges", dict(color=style.REJECTED, width=1.5, dash="dot")),
+    "bonus": ("bonus edge", dict(color=style.BONUS, width=3)),
+    "accepted": ("accepted edges", dict(color=style.DRAFT, width=4)),
+}
+NODE_STYLE = {   # status -> (symbol, size, outline colour, outline width, label colour)
+    "accepted": ("circle", 16, style.DRAFT, 3.0, style.DRAFT),
+    "rejected": ("square", 13, style.REJECTED, 2.5, style.REJECTED),
+    "unreached": ("circle", 11, style.UNREACHED_LINE, 1.0, "#4b5563"),
+}
 
-    ``bonus_text`` labels the bonus node; by default it is the step text after the accepted
-    draft tokens (see ``stream.split_step_text``), so no tokenizer is needed.
-    """
-    layout = dict(style.BASE_LAYOUT, height=height, uirevision="tree", showlegend=False,
-                  xaxis=dict(visible=False), yaxis=dict(visible=False))
-    if step is None or step.tree is None or not len(step.tree):
-        caption = ("no draft tree: vanilla decoding (one token per target forward)"
-                   if step is not None and step.method == "vanilla" else "no step yet")
-        layout.update(title=dict(text=title or "draft tree", x=0.01),
-                      annotations=[dict(text=caption, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")])
-        return style.fast_figure([], layout)
 
+def _empty_figure(step: StepEvent | None, title: str | None, height: int | None) -> go.Figure:
+    caption = ("no draft tree: vanilla decoding (one token per target forward)"
+               if step is not None and step.method == "vanilla" else
+               "no draft tree: the prefill reads the prompt and yields the first token"
+               if step is not None and step.prefill else "no step yet")
+    layout = dict(style.BASE_LAYOUT, height=height or MIN_HEIGHT, uirevision="tree", showlegend=False,
+                  xaxis=dict(visible=False), yaxis=dict(visible=False),
+                  title=dict(text=title or "draft tree", x=0.01),
+                  annotations=[dict(text=caption, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")])
+    return style.fast_figure([], layout)
+
+
+def tree_traces(step: StepEvent, bonus_text: str | None = None, fold: bool | None = None,
+                max_siblings: int = MAX_SIBLINGS, show_colorbar: bool = True,
+                axes: tuple[str, str] = ("x", "y")) -> tuple[list[dict], TreeLayout]:
+    """The traces of one step's tree (edges first, then nodes; the accepted path last within
+    each) and the outline they were drawn on. ``axes`` puts them on other subplot axes."""
     tree = step.tree
-    bonus_parent = _bonus_parent(step)
-    pos = tidy_layout(tree_graph(tree.parents, bonus_parent))
     n = len(tree)
+    bonus_parent = _bonus_parent(step)
+    fold = n > FOLD_ABOVE if fold is None else fold
+    lay = tree_layout(step, bonus_parent, fold, max_siblings)
+    on = dict(xaxis=axes[0], yaxis=axes[1])
 
-    # Edges: one grey trace for all, one bold green trace for the accepted path.
-    grey_x, grey_y, green_x, green_y = [], [], [], []
-    for i, parent in enumerate(tree.parents):
-        (x0, y0), (x1, y1) = pos[ROOT_ID if parent < 0 else parent], pos[i]
-        on_path = tree.status[i] == "accepted"
-        xs, ys = (green_x, green_y) if on_path else (grey_x, grey_y)
-        xs += [x0, x1, None]
-        ys += [y0, y1, None]
-    if bonus_parent is not None:
-        (x0, y0), (x1, y1) = pos[ROOT_ID if bonus_parent < 0 else bonus_parent], pos[BONUS_ID]
-        green_x += [x0, x1, None]
-        green_y += [y0, y1, None]
-    data = [dict(type="scatter", x=grey_x, y=grey_y, mode="lines", hoverinfo="skip",
-                 line=dict(color=style.EDGE, width=1)),
-            dict(type="scatter", x=green_x, y=green_y, mode="lines", hoverinfo="skip",
-                 line=dict(color=style.DRAFT, width=4))]
+    # Edges: elbows (down from the parent, then right into the child), one trace per status.
+    lines = {name: ([], []) for name in EDGE_STYLE}
+    for k in lay.rows[1:]:
+        kind = ("bonus" if k == BONUS_ID else "unreached" if isinstance(k, tuple) else tree.status[k])
+        (x0, y0), (x1, y1) = lay.xy(lay.parent[k]), lay.xy(k)
+        xs, ys = lines[kind]
+        xs += [x0, x0, x1, None]
+        ys += [y0, y1, y1, None]
+    data = [dict(type="scatter", name=name, x=lines[kind][0], y=lines[kind][1], mode="lines",
+                 hoverinfo="skip", line=line, **on)
+            for kind, (name, line) in EDGE_STYLE.items() if lines[kind][0]]
 
-    # Draft nodes.
+    # Draft nodes: fill = confidence for every one; accepted nodes last so they sit on top.
+    nodes = sorted((k for k in lay.rows if isinstance(k, int)), key=lambda i: (tree.status[i] == "accepted", i))
     p = tree.p if tree.p is not None else [None] * n
-    symbols = {"accepted": "circle", "rejected": "circle-x", "unreached": "circle"}
-    line_colour = {"accepted": style.DRAFT, "rejected": style.REJECTED, "unreached": "#d1d5db"}
-    hover = [
-        f"<b>{show_token(tree.texts[i])}</b> (id {tree.tokens[i]})<br>status: {tree.status[i]}"
-        f"<br>depth: {tree.depths[i]}<br>q (draft): {_fmt(tree.q[i])}<br>p (target): {_fmt(p[i])}"
-        f"<br>confidence: {_fmt(tree.confidence[i])}"
-        for i in range(n)]
+    hover = [f"<b>{_quoted(tree.texts[i])}</b> (id {tree.tokens[i]})<br>status: {tree.status[i]}"
+             f"<br>depth {tree.depths[i]}, position P+{tree.depths[i]}"
+             f"<br>q (draft): {_fmt(tree.q[i])}<br>p (target): {_fmt(p[i])}"
+             f"<br>confidence: {_fmt(tree.confidence[i])}" for i in nodes]
+    labels = [show_token(tree.texts[i], limit=LABEL_CHARS) for i in nodes]
+    labels = [f"<b>{t}</b>" if tree.status[i] == "accepted" else t for t, i in zip(labels, nodes)]
+    st = [NODE_STYLE[tree.status[i]] for i in nodes]
+    colorbar = dict(title=dict(text="draft confidence", side="right"), thickness=10, x=1.0, xref="container",
+                    xanchor="right", lenmode="pixels", len=160, y=1.0, yanchor="top", tickvals=[0, 0.5, 1])
     data.append(dict(
-        type="scatter", x=[pos[i][0] for i in range(n)], y=[pos[i][1] for i in range(n)],
-        mode="markers+text", text=[show_token(t) for t in tree.texts], textposition="bottom center",
-        textfont=dict(size=10), hovertext=hover, hoverinfo="text",
-        marker=dict(size=[16 if s == "accepted" else 12 for s in tree.status],
-                    color=list(tree.confidence), cmin=0.0, cmax=1.0, colorscale=style.CONFIDENCE_SCALE,
-                    colorbar=dict(title=dict(text="confidence", side="right"), thickness=10, len=0.8),
-                    symbol=[symbols[s] for s in tree.status],
-                    opacity=[style.UNREACHED_OPACITY if s == "unreached" else 1.0 for s in tree.status],
-                    line=dict(color=[line_colour[s] for s in tree.status],
-                              width=[3 if s != "unreached" else 1 for s in tree.status]))))
+        type="scatter", name="nodes", x=[lay.xy(i)[0] for i in nodes], y=[lay.xy(i)[1] for i in nodes],
+        customdata=nodes, mode="markers+text", text=labels, textposition="middle right", cliponaxis=False,
+        textfont=dict(size=FONT_PX, family="monospace", color=[s[4] for s in st]),
+        hovertext=hover, hoverinfo="text",
+        marker=dict(color=[tree.confidence[i] for i in nodes], cmin=0.0, cmax=1.0, colorscale=style.CONFIDENCE_SCALE,
+                    showscale=show_colorbar, colorbar=colorbar, opacity=1.0,
+                    symbol=[s[0] for s in st], size=[s[1] for s in st],
+                    line=dict(color=[s[2] for s in st], width=[s[3] for s in st])), **on))
+
+    # Folds: one grey node per path node counting what hangs there undrawn.
+    folds = [k for k in lay.rows if isinstance(k, tuple)]
+    if folds:
+        def fold_hover(spine: int) -> str:
+            hidden = lay.folded[spine]
+            direct = sum(1 for h in hidden if tree.parents[h] == spine)
+            where = "the root" if spine < 0 else _quoted(tree.texts[spine])
+            return (f"{len(hidden)} more nodes under {where}: {direct} other "
+                    f"children and {len(hidden) - direct} nodes below its drawn alternatives, "
+                    f"{sum(tree.status[h] == 'rejected' for h in hidden)} rejected, "
+                    f"{sum(tree.status[h] == 'unreached' for h in hidden)} unreached")
+        data.append(dict(type="scatter", name="folds", x=[lay.xy(k)[0] for k in folds], y=[lay.xy(k)[1] for k in folds],
+                         customdata=[len(lay.folded[k[1]]) for k in folds], mode="markers+text",
+                         text=[f"+{len(lay.folded[k[1]])} more" for k in folds], textposition="middle right",
+                         cliponaxis=False, textfont=dict(size=FONT_PX, family="monospace", color="#6b7280"),
+                         hovertext=[fold_hover(k[1]) for k in folds], hoverinfo="text",
+                         marker=dict(size=11, symbol="circle", color="#f3f4f6", line=dict(color=style.EDGE, width=1)),
+                         **on))
 
     # The root (last committed token) and the bonus token (the target's own node).
-    data.append(dict(type="scatter", x=[pos[ROOT_ID][0]], y=[pos[ROOT_ID][1]], mode="markers+text",
-                     text=["root"], textposition="top center", hoverinfo="text",
-                     hovertext=[f"root: the last committed token (id {tree.root_token})"],
-                     marker=dict(size=14, symbol="square", color=style.ROOT)))
+    data.append(dict(type="scatter", name="root", x=[0.0], y=[0.0], mode="markers+text", text=["root"],
+                     textposition="middle right", cliponaxis=False,
+                     textfont=dict(size=FONT_PX, family="monospace"), hoverinfo="text",
+                     hovertext=[f"root: the last committed token (id {tree.root_token}), position P"],
+                     marker=dict(size=14, symbol="square", color=style.ROOT), **on))
     if bonus_parent is not None:
         if bonus_text is None:
             bonus_text = split_step_text(step)[1]
-        label = show_token(bonus_text)
-        data.append(dict(type="scatter", x=[pos[BONUS_ID][0]], y=[pos[BONUS_ID][1]], mode="markers+text",
-                         text=[label], textposition="bottom center", hoverinfo="text",
-                         hovertext=[f"<b>{label}</b> (id {step.bonus})<br>bonus token: the target's own "
-                                    "choice after the accepted path"],
-                         marker=dict(size=16, symbol="diamond", color=style.BONUS)))
-    accepted = len(step.accepted)
-    layout["title"] = dict(text=title or (
-        f"step {step.step}: {n} draft nodes, {accepted} accepted"
-        f"{' + bonus' if bonus_parent is not None else ''}"), x=0.01)
+        x, y = lay.xy(BONUS_ID)
+        data.append(dict(type="scatter", name="bonus", x=[x], y=[y], mode="markers+text",
+                         text=[f"<b>{show_token(bonus_text, limit=LABEL_CHARS)}</b>"], textposition="middle right",
+                         cliponaxis=False, textfont=dict(size=FONT_PX, family="monospace", color=style.BONUS),
+                         hoverinfo="text",
+                         hovertext=[f"<b>{_quoted(bonus_text)}</b> (id {step.bonus})<br>bonus token: the "
+                                    "target's own choice after the accepted path"],
+                         marker=dict(size=16, symbol="diamond", color=style.BONUS), **on))
+    return data, lay
+
+
+def tree_height(lay: TreeLayout) -> int:
+    """Pixels that give every outline row ``ROW_PX``."""
+    return max(MIN_HEIGHT, MARGIN["t"] + MARGIN["b"] + ROW_PX * len(lay.rows))
+
+
+def tree_axes(lay: TreeLayout, height: int) -> tuple[dict, dict]:
+    """x: depth columns, labelled on top; y: one unit per row, scaled so a row is at least
+    ``ROW_PX`` pixels (``height`` is the figure's)."""
+    rows = len(lay.rows)
+    plot_px = height - MARGIN["t"] - MARGIN["b"]
+    units = max(rows, plot_px / ROW_PX)        # a taller figure than needed leaves empty rows below
+    columns = max(lay.column.values())
+    xaxis = dict(range=[-0.3, max(columns, MIN_COLUMNS) + 0.3], side="top", showgrid=False, zeroline=False, fixedrange=True,
+                 tickvals=list(range(columns + 1)), ticktext=["root"] + [f"depth {d}" for d in range(1, columns + 1)],
+                 tickfont=dict(size=10, color="#6b7280"))
+    yaxis = dict(range=[-units + 0.5, 0.5], visible=False, fixedrange=True)
+    return xaxis, yaxis
+
+
+def tree_figure(step: StepEvent | None, title: str | None = None, bonus_text: str | None = None,
+                height: int | None = None, fold: bool | None = None, max_siblings: int = MAX_SIBLINGS) -> go.Figure:
+    """The figure for one step's draft tree (an empty, captioned figure when there is none).
+
+    ``bonus_text`` labels the bonus node; by default it is the step text after the accepted
+    draft tokens (see ``stream.split_step_text``), so no tokenizer is needed. ``height``:
+    None fits the rows (``ROW_PX`` each); a smaller value is raised to that. ``fold``: None
+    folds trees of more than ``FOLD_ABOVE`` nodes, True / False force it.
+    """
+    if step is None or step.tree is None or not len(step.tree):
+        return _empty_figure(step, title, height)
+    data, lay = tree_traces(step, bonus_text, fold, max_siblings)
+    height = max(height or 0, tree_height(lay))
+    xaxis, yaxis = tree_axes(lay, height)
+    widest = max(label_width_px(t) for tr in data if "text" in tr for t in tr["text"])
+    n, k = len(step.tree), len(step.accepted)
+    shown = sum(isinstance(r, int) for r in lay.rows)
+    if title is None:
+        title = (f"step {step.step}: {n} draft nodes, {k} accepted"
+                 f"{' + bonus' if BONUS_ID in lay.rows else ''}"
+                 f"{f' (showing {shown}; grey +N nodes count the rest)' if shown < n else ''}")
+    layout = dict(style.BASE_LAYOUT, height=height, uirevision="tree", showlegend=False, hovermode="closest",
+                  margin=dict(MARGIN, r=int(widest) + 24 + COLORBAR_PX),
+                  title=dict(text=title, x=0.01, y=0.98, yanchor="top"), xaxis=xaxis, yaxis=yaxis)
     return style.fast_figure(data, layout)

@@ -1,0 +1,116 @@
+"""A/B: two runs side by side (two tree shapes, two heads, greedy vs sampled, ...).
+
+- ``ab_figure``: acceptance by depth for A and B (the engine's ``acceptance_by_depth``), tau
+  (new tokens per target forward, bonus included) and tokens/s, with vanilla decoding's
+  tokens/s as a dashed line when it is known;
+- ``ab_trees_figure``: the two runs' trees at the same step index, drawn as ``tree.py`` draws
+  one, on one shared confidence scale.
+
+Both take step records and summaries only.
+"""
+from __future__ import annotations
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from app.engine.events import RunSummary, StepEvent, acceptance_by_depth
+from app.viz import style
+from app.viz.tree import COLORBAR_PX, MARGIN, tree_axes, tree_height, tree_traces
+
+AB_COLOURS = ("#7c3aed", "#ea580c")   # run A, run B
+
+
+def ab_figure(a_steps: list[StepEvent], a_summary: RunSummary, b_steps: list[StepEvent], b_summary: RunSummary,
+              labels: tuple[str, str] = ("A", "B"), vanilla_tokens_per_s: float | None = None,
+              height: int = 300) -> go.Figure:
+    """Three panels: acceptance rate by depth (grouped bars), tau, tokens/s (+ vanilla line)."""
+    fig = make_subplots(rows=1, cols=3, column_widths=[0.5, 0.25, 0.25], horizontal_spacing=0.08,
+                        subplot_titles=("acceptance rate by depth", "τ: tokens per target forward",
+                                        "tokens/s (decoding)"))
+    runs = ((labels[0], a_steps, a_summary, AB_COLOURS[0]), (labels[1], b_steps, b_summary, AB_COLOURS[1]))
+    for name, steps, summary, colour in runs:
+        rates = acceptance_by_depth(steps)
+        fig.add_trace(go.Bar(x=list(range(1, len(rates) + 1)), y=rates, name=name, marker_color=colour,
+                             legendgroup=name, hovertemplate=f"{name}, depth %{{x}}: %{{y:.0%}} accepted<extra></extra>"),
+                      row=1, col=1)
+        fig.add_trace(go.Bar(x=[name], y=[summary.mean_accepted], marker_color=colour, showlegend=False,
+                             legendgroup=name, text=[f"{summary.mean_accepted:.2f}"], textposition="outside",
+                             hovertemplate=f"{name}: τ = %{{y:.2f}} tokens per forward<extra></extra>"), row=1, col=2)
+        speedup = (f" ×{summary.tokens_per_s / vanilla_tokens_per_s:.2f}"
+                   if vanilla_tokens_per_s else "")
+        fig.add_trace(go.Bar(x=[name], y=[summary.tokens_per_s], marker_color=colour, showlegend=False,
+                             legendgroup=name, text=[f"{summary.tokens_per_s:.0f}{speedup}"], textposition="outside",
+                             hovertemplate=f"{name}: %{{y:.1f}} tokens/s{speedup} vs vanilla<extra></extra>"),
+                      row=1, col=3)
+    fig.add_hline(y=1.0, line=dict(color=style.VANILLA, dash="dot", width=1.5), row=1, col=2,
+                  annotation_text="vanilla: 1", annotation_position="bottom right", annotation_font_size=10,
+                  annotation_bgcolor="rgba(255,255,255,0.85)")
+    if vanilla_tokens_per_s:
+        fig.add_hline(y=vanilla_tokens_per_s, line=dict(color=style.VANILLA, dash="dash", width=2), row=1, col=3,
+                      annotation_text=f"vanilla {vanilla_tokens_per_s:.0f}", annotation_position="bottom right",
+                      annotation_font_size=10, annotation_bgcolor="rgba(255,255,255,0.85)")
+    top_tau = max(a_summary.mean_accepted, b_summary.mean_accepted, 1.0)
+    top_tps = max(a_summary.tokens_per_s, b_summary.tokens_per_s, vanilla_tokens_per_s or 0.0)
+    fig.update_layout(style.BASE_LAYOUT, height=height, barmode="group", uirevision="ab",
+                      legend=dict(orientation="h", x=0.5, xanchor="center", y=-0.22, yanchor="top"),
+                      margin=dict(l=44, r=20, t=40, b=70))
+    fig.update_xaxes(showticklabels=False, row=1, col=2)   # the legend names the runs
+    fig.update_xaxes(showticklabels=False, row=1, col=3)
+    fig.update_yaxes(range=[0, 1.05], tickformat=".0%", row=1, col=1)
+    fig.update_xaxes(title=dict(text="depth", standoff=2), dtick=1, row=1, col=1)
+    fig.update_yaxes(range=[0, top_tau * 1.25], row=1, col=2)
+    fig.update_yaxes(range=[0, top_tps * 1.25], row=1, col=3)
+    fig.update_annotations(font_size=12)
+    return fig
+
+
+def ab_trees_figure(a_step: StepEvent | None, b_step: StepEvent | None, labels: tuple[str, str] = ("A", "B"),
+                    fold: bool | None = None) -> go.Figure:
+    """The two runs' trees at one step index, side by side (one confidence colour bar)."""
+    data, annotations, heights = [], [], []
+    layouts = []
+    for panel, (name, step) in enumerate(zip(labels, (a_step, b_step))):
+        x, y = ("x", "y") if panel == 0 else ("x2", "y2")
+        if step is None or step.tree is None or not len(step.tree):
+            layouts.append(None)
+            what = "no step" if step is None else "prefill: no tree" if step.prefill else "no tree"
+            annotations.append(dict(text=f"{name}: {what}", showarrow=False, xref=f"{x} domain", yref="paper",
+                                    x=0.0, y=1.0, xanchor="left", yanchor="bottom", font=dict(size=13)))
+            continue
+        traces, lay = tree_traces(step, fold=fold, show_colorbar=panel == 1, axes=(x, y))
+        data += traces
+        layouts.append(lay)
+        heights.append(tree_height(lay))
+        annotations.append(dict(text=f"<b>{name}</b>: step {step.step}, {len(step.tree)} nodes, "
+                                     f"{len(step.accepted)} accepted", showarrow=False, xref=f"{x} domain", yref="paper",
+                                x=0.0, y=1.0, yshift=44, xanchor="left", yanchor="bottom", font=dict(size=13)))
+    height = max(heights, default=220) + 20
+    layout = dict(style.BASE_LAYOUT, height=height, showlegend=False, uirevision="ab-trees", hovermode="closest",
+                  margin=dict(MARGIN, t=MARGIN["t"] + 20, r=COLORBAR_PX + 10), annotations=annotations)
+    for panel, lay in enumerate(layouts):
+        suffix = "" if panel == 0 else "2"
+        domain = [0.0, 0.46] if panel == 0 else [0.54, 1.0]
+        if lay is None:
+            layout[f"xaxis{suffix}"] = dict(domain=domain, visible=False)
+            layout[f"yaxis{suffix}"] = dict(visible=False, anchor=f"x{suffix}")
+            continue
+        xaxis, yaxis = tree_axes(lay, height - 20)
+        # room on the right of the panel's deepest column for its labels (~8 px per column unit is safe)
+        xaxis["range"][1] += 1.0
+        layout[f"xaxis{suffix}"] = dict(xaxis, domain=domain)
+        layout[f"yaxis{suffix}"] = dict(yaxis, anchor=f"x{suffix}")
+    return style.fast_figure(data, layout)
+
+
+def ab_caption(a_summary: RunSummary, b_summary: RunSummary, labels: tuple[str, str] = ("A", "B"),
+               vanilla_tokens_per_s: float | None = None) -> str:
+    """One line: which run accepted more per forward, and which was faster."""
+    (na, nb) = labels
+    text = (f"{na}: τ = {a_summary.mean_accepted:.2f} tokens per target forward, {a_summary.tokens_per_s:.1f} tokens/s; "
+            f"{nb}: τ = {b_summary.mean_accepted:.2f}, {b_summary.tokens_per_s:.1f} tokens/s.")
+    if vanilla_tokens_per_s:
+        text += (f" Vanilla: {vanilla_tokens_per_s:.1f} tokens/s (×{a_summary.tokens_per_s / vanilla_tokens_per_s:.2f} "
+                 f"and ×{b_summary.tokens_per_s / vanilla_tokens_per_s:.2f}).")
+    text += (" A bigger tree accepts more per forward, but each forward costs more: tokens/s, not τ, says which "
+             "tree pays on this machine.")
+    return text
