@@ -211,7 +211,7 @@ def test_bench_auto_tree_reports_its_cost_curve(tiny_folders, tmp_path, monkeypa
     monkeypatch.setattr(autotune, "_load_average", lambda: 0.3)
     monkeypatch.setattr(tiny_suites(tmp_path / "eval"), "EVAL_DIR", tmp_path / "eval")
     out = tmp_path / "out"
-    rc = app_main(["bench", "--quick", "--suite", "alpha", "--max-new-tokens", "8", "--methods", "vanilla,dynamic:auto",
+    rc = app_main(["bench", "--quick", "--suite", "alpha", "--max-new-tokens", "8", "--methods", "vanilla,dynamic:auto,dynamic:adaptive",
                    "--warmup-tokens", "2", "--base-model", str(tiny_folders / "target"),
                    "--draft-model", str(tiny_folders / "head"), "--device", "cpu", "--out", str(out),
                    "--plotly-js", "cdn"])
@@ -227,20 +227,33 @@ def test_bench_auto_tree_reports_its_cost_curve(tiny_folders, tmp_path, monkeypa
     assert "measured forward cost T(n): " + ", ".join(
         f"{n}: {ms:.0f} ms" for n, ms in zip(curve["sizes"], curve["ms"])) in md
     assert "auto tree: why this size" in (out / "plots.html").read_text()
+    adaptive = doc["summary"]["alpha"]["dynamic:adaptive"]
+    assert adaptive["tokens_per_s"] > 0 and doc["meta"]["threads"].startswith("auto (per run")
+    same, n = adaptive["identical_to_vanilla"]
+    assert same == n > 0                                  # greedy: adapting never changes the output
 
 
-def test_generate_cli_auto_tree_prints_its_choice_and_cost_curve(tiny_folders, tmp_path, capsys, monkeypatch):
-    """`python -m app generate` with method dynamic and no tree knobs sizes the tree for this
-    machine and says so on stderr, with the measured T(n) it chose from."""
-    from app.engine import autotune
+def test_generate_cli_auto_tree_prints_its_choice_and_cost_curve(tiny_folders, tmp_path, capsys):
+    """`python -m app generate` with method dynamic and no tree knobs adapts the tree while
+    decoding; without a kept profile it says how to make one, `python -m app tune` makes it
+    (printing the measured T(n) and its spread), and the next generate starts from it."""
+    import os
 
-    monkeypatch.setenv("EAGLE_LENS_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(autotune, "_load_average", lambda: 0.3)
-    rc = app_main(["generate", "--prompt", "w5 w17 w33", "--max-new-tokens", "6", "--raw",
-                   "--base-model", str(tiny_folders / "target"), "--draft-model", str(tiny_folders / "head"),
-                   "--device", "cpu"])
-    assert rc == 0
-    err = capsys.readouterr().err
-    assert "[auto] auto tree: depth" in err
-    line = next(x for x in err.splitlines() if x.startswith("[auto] measured forward cost T(n)"))
-    assert line.split(": ", 1)[1].startswith("1: ") and " ms, 2: " in line
+    os.environ["EAGLE_LENS_CACHE"] = str(tmp_path / "cache")
+    try:
+        models = ["--base-model", str(tiny_folders / "target"), "--draft-model", str(tiny_folders / "head"),
+                  "--device", "cpu", "--threads", "1"]
+        gen = ["generate", "--prompt", "w5 w17 w33", "--max-new-tokens", "6", "--raw"] + models
+        assert app_main(gen) == 0
+        err = capsys.readouterr().err
+        assert "[auto] adaptive tree over" in err and "python -m app tune" in err
+        assert app_main(["tune"] + models) == 0
+        out = capsys.readouterr().out
+        line = next(x for x in out.splitlines() if x.startswith("[tune] T(n)"))
+        assert line.split(": ", 1)[1].startswith("1: ") and " ms, 2: " in line
+        assert "relative spread of T(n)/T(1)" in out and "auto tree: depth" in out
+        assert app_main(gen) == 0
+        err = capsys.readouterr().err
+        assert "starting at the tuned" in err and "[auto] kept forward cost T(n): 1: " in err
+    finally:
+        del os.environ["EAGLE_LENS_CACHE"]

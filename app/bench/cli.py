@@ -12,6 +12,8 @@ its CDN; --plotly-js inline for a file that opens offline, none for no plots).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import subprocess
 import json
 import os
 import platform
@@ -45,9 +47,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true",
                    help="smoke run: 2 mt_bench prompts, 32 tokens, hf,vanilla,dynamic (explicit flags still win)")
     p.add_argument("--warmup-tokens", type=int, default=None, help="tokens of the one warm-up run per method (default 16)")
-    p.add_argument("--threads", type=int, default=0,
-                   help="torch CPU threads (0 = torch's default). On a CPU shared with other jobs, 1 thread "
-                        "can be several times faster than 2: spinning threads wait for descheduled ones")
+    p.add_argument("--busy", type=int, default=0,
+                   help="run N busy processes (one pure-Python loop each) beside the benchmark, to measure "
+                        "what a visitor gets on a shared machine; they are stopped at the end")
     p.add_argument("--plotly-js", default="cdn", choices=("inline", "cdn", "none"),
                    help="plots.html loading plotly.js from its CDN (default, small file), with plotly.js "
                         "inline (opens offline, ~4.8 MB), or no plots.html")
@@ -89,22 +91,23 @@ def _command(args) -> str:
         if getattr(args, flag):
             parts.append(f"--{flag.replace('_', '-')} {getattr(args, flag)}")
     parts += [f"--device {args.device}", f"--dtype {args.dtype}"]
-    if args.threads:
+    if args.threads != "auto":
         parts.append(f"--threads {args.threads}")
+    if args.busy:
+        parts.append(f"--busy {args.busy}")
     return " ".join(parts)
 
 
 def main(args) -> int:
-    from app.args import tree_config_from
-    from app.engine.factory import load_engine
+    from app.args import thread_governor, tree_config_from
     from app.engine.config import SamplingConfig, check_max_new_tokens
+    from app.engine.factory import load_engine
 
     _fill_defaults(args)
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
     try:
+        args.governor = thread_governor(args)
+        if not 0 <= args.busy <= 16:
+            raise ValueError(f"busy must be an integer in [0, 16], got {args.busy}")
         suites = parse_suites(args.suite)
         if args.limit < 0:
             raise ValueError(f"limit must be >= 0 (0 = all prompts), got {args.limit}")
@@ -117,7 +120,21 @@ def main(args) -> int:
     except (ValueError, FileNotFoundError, KeyError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    return run_benchmark(engine, args, suites, specs, sampling)
+    with busy_processes(args.busy):
+        return run_benchmark(engine, args, suites, specs, sampling)
+
+
+@contextlib.contextmanager
+def busy_processes(n: int):
+    """N processes that each keep one core busy (a pure-Python loop, as a neighbour's job or a
+    browser tab would), for the duration of the block; killed on the way out."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
 
 
 def run_benchmark(engine, args, suites, specs, sampling) -> int:
@@ -136,6 +153,15 @@ def run_benchmark(engine, args, suites, specs, sampling) -> int:
 
     auto_text, auto_report = None, None
     for i, spec in enumerate(specs):
+        if spec.adaptive:
+            from dataclasses import replace
+
+            from app.engine.adapt import adapter_for
+
+            start, adapter, choice = adapter_for(engine, spec.tree, measure=True)
+            specs[i] = replace(spec, tree=start, candidates=tuple(adapter.candidates), prior_tau=adapter.prior_tau)
+            print(f"[bench] {spec.label}: adapts over "
+                  + ", ".join(f"{t.total_tokens}/{t.depth}/{t.top_k}" for t in adapter.candidates), file=sys.stderr)
         if spec.auto:
             from dataclasses import replace
 
@@ -160,8 +186,14 @@ def run_benchmark(engine, args, suites, specs, sampling) -> int:
 
     # warm-up: one short run per method (first prompt), so lazy init and allocator growth
     # are not charged to the first timed prompt
+    from app.engine.threads import engine_probe
+
+    probe = engine_probe(engine)
+    governor = args.governor
+    thread_counts = []
     warm_ids = engine.encode_prompt(prompts[0].text)
     for spec in specs:
+        governor.apply(probe)
         run_one(engine, spec, "warmup", -1, warm_ids, sampling, args.warmup_tokens, fp32_target)
 
     records = []
@@ -171,6 +203,7 @@ def run_benchmark(engine, args, suites, specs, sampling) -> int:
         order = specs[i % len(specs):] + specs[: i % len(specs)]   # rotate: no method always runs first
         for spec in order:
             bar.set_postfix_str(f"{prompt.suite} #{prompt.question_id} {spec.label}")
+            thread_counts.append(governor.apply(probe))     # timed afresh every few seconds, the same for every method
             rec = run_one(engine, spec, prompt.suite, prompt.question_id, ids, sampling, args.max_new_tokens,
                           fp32_target)
             records.append(rec)
@@ -183,7 +216,10 @@ def run_benchmark(engine, args, suites, specs, sampling) -> int:
     meta = {
         "command": _command(args), "started": started, "wall_s": time.perf_counter() - t_start,
         "machine": _machine(), "device": str(engine.target.device), "dtype": str(engine.target.dtype).replace("torch.", ""),
-        "threads": torch.get_num_threads(), "load_start": load_start, "load_end": _load(),
+        "threads": governor.text() if governor.fixed is not None else
+        f"auto (per run, timed every {int(__import__('app.engine.threads', fromlist=['REUSE_S']).REUSE_S)} s): "
+        + ", ".join(f"{n} thread(s) x{thread_counts.count(n)}" for n in sorted(set(thread_counts))),
+        "busy_processes": args.busy, "load_start": load_start, "load_end": _load(),
         "target": engine.target.name, "head": head or "none (no tree method)",
         "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "seed": args.seed,
         "suites": suites, "limit": args.limit, "methods": [s.label for s in specs], "auto_tree": auto_text,

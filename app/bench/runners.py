@@ -41,6 +41,9 @@ class MethodSpec:
     method: str                       # hf | hf-pld | vanilla | dynamic | static | chain | threshold
     tree: TreeConfig | None = None    # None for hf methods
     auto: bool = False
+    adaptive: bool = False            # dynamic:adaptive: the tree adapts while decoding (app.engine.adapt)
+    candidates: tuple = ()            # ... between these trees
+    prior_tau: dict | None = None
 
     @property
     def is_hf(self) -> bool:
@@ -58,24 +61,25 @@ def parse_methods(spec: str, base: TreeConfig) -> list[MethodSpec]:
         name, _, variant = label.partition(":")
         if name not in ALL_METHODS:
             raise ValueError(f"methods must be among {', '.join(ALL_METHODS)} (optionally name:TOTAL/DEPTH/TOP_K "
-                             f"or name:auto), got {label!r}")
+                             f"or name:auto or dynamic:adaptive), got {label!r}")
         if name in HF_METHODS:
             if variant:
                 raise ValueError(f"method {name} takes no tree variant, got {label!r}")
             out.append(MethodSpec(label, name))
             continue
         tree, auto = TreeConfig(**{**base.__dict__, "method": name}), False
-        if variant == "auto":
+        adaptive = False
+        if variant in ("auto", "adaptive"):
             if name != "dynamic":
-                raise ValueError(f"only dynamic has an auto tree, got {label!r}")
-            auto = True
+                raise ValueError(f"only dynamic has an auto or adaptive tree, got {label!r}")
+            auto, adaptive = variant == "auto", variant == "adaptive"
         elif variant:
             try:
                 total, depth, top_k = (int(x) for x in variant.split("/"))
             except ValueError:
                 raise ValueError(f"a method variant is TOTAL/DEPTH/TOP_K (e.g. dynamic:60/5/10), got {label!r}") from None
             tree = TreeConfig(**{**tree.__dict__, "total_tokens": total, "depth": depth, "top_k": top_k})
-        out.append(MethodSpec(label, name, tree, auto))
+        out.append(MethodSpec(label, name, tree, auto, adaptive))
     if not out:
         raise ValueError("methods must name at least one method")
     if len({m.label for m in out}) != len(out):
@@ -170,8 +174,13 @@ def run_engine(engine, spec: MethodSpec, suite: str, qid, prompt_ids: list[int],
     reached: list[int] = []
     accepted: list[int] = []
     summary = None
+    adapter = None
+    if spec.adaptive:
+        from app.engine.adapt import TreeAdapter
+
+        adapter = TreeAdapter(list(spec.candidates), prior_tau=spec.prior_tau)
     for event in engine.generate(prompt_ids=prompt_ids, tree=spec.tree, sampling=sampling,
-                                 max_new_tokens=max_new_tokens):
+                                 max_new_tokens=max_new_tokens, adapt=adapter):
         if event.type == "summary":
             summary = event
             continue
