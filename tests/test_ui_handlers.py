@@ -655,3 +655,28 @@ def test_record_writes_the_chosen_demo_with_its_sampling(tiny, tmp_path, monkeyp
     assert [p.name for p in out.iterdir()] == ["6-chat-sampled.json"]
     trace = traces.parse_trace((out / "6-chat-sampled.json").read_bytes(), 10**7)
     assert trace.settings["temperature"] == 0.8 and trace.settings["top_k"] == 1 and trace.steps
+
+
+def test_a_parting_in_reduced_precision_is_explained_by_the_targets_top2(ctx):
+    """Where greedy EAGLE and vanilla part (possible in bf16), the note gives the token and
+    the target's two probabilities there, from one forward: a near-tie, not the method."""
+    import torch
+    from dataclasses import replace
+
+    session = Session()
+    list(handlers.generate(ctx, session, **BASE))
+    assert session.parting is None                                  # float32: identical, nothing measured
+    ids = ctx.engine.encode_prompt(PROMPT)
+    (t1, p1), (t2, p2) = ctx.engine.top2_after(ids, session.summary.token_ids[:3])
+    with torch.no_grad():
+        ref = torch.softmax(ctx.engine.target.model(torch.tensor([ids + session.summary.token_ids[:3]])).logits[0, -1], -1)
+    assert (t1, t2) == tuple(torch.topk(ref, 2).indices.tolist()) and p1 == pytest.approx(float(ref[t1]), rel=1e-4)
+    assert t1 == session.summary.token_ids[3] and p1 >= p2          # greedy took the top token
+    # a run that parted at token 3 (as bf16 can), shown as a bf16 run
+    tokens = list(session.race_vanilla.summary.token_ids)
+    tokens[3] = t2
+    session.race_vanilla = replace(session.race_vanilla, summary=replace(session.race_vanilla.summary, token_ids=tokens))
+    handlers._measure_parting(ctx, session)
+    session.model = {**session.model, "dtype": "bfloat16"}
+    note = handlers._identical_note(session)
+    assert "differ from token 3" in note and f"p = {p1:.3f} and {p2:.3f}" in note and "near-tie" in note

@@ -89,7 +89,27 @@ def _identical_note(session: Session) -> str:
            if dtype == "float32" else
            f"In {dtype or 'reduced precision'} a forward over 1 token and over a whole tree round "
            "differently, so after a near-tie the two greedy paths can part; in float32 they match exactly.")
+    tie = session.parting
+    if tie and tie.get("index") == first and dtype != "float32":
+        why += (f" Here the target's two likeliest tokens at token {first} had p = {tie['p1']:.3f} and "
+                f"{tie['p2']:.3f} (a gap of {tie['p1'] - tie['p2']:.3f}): a near-tie, tipped by rounding, "
+                "not by the method.")
     return f"Greedy outputs **differ from token {first}** on. {why}"
+
+
+def _measure_parting(ctx: AppContext, session: Session) -> None:
+    """Where greedy EAGLE and vanilla outputs part (reduced precision), the target's top-2
+    probabilities there (one forward on the engine thread), for ``_identical_note``."""
+    session.parting = None
+    if session.summary is None or session.race_vanilla is None or session.settings.get("temperature", 0.0) != 0.0:
+        return
+    a, b = session.summary.token_ids, session.race_vanilla.summary.token_ids
+    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    if first is None:
+        return
+    ids = ctx.engine.encode_prompt(session.settings["prompt"])
+    (_, p1), (_, p2) = ctx.engine_thread.call(ctx.engine.top2_after, ids, a[:first])
+    session.parting = {"index": first, "p1": p1, "p2": p2}
 
 
 def speedup_text(session: Session) -> str:
@@ -330,6 +350,8 @@ def generate(ctx: AppContext, session: Session, step_mode: bool = False, race: b
         finally:
             run.close()
         session.load[1] = _load_average()
+        if racing:
+            _measure_parting(ctx, session)
         if session.app_seconds is None:
             session.app_seconds = time.perf_counter() - t0
         yield from _finish(ctx, session, request, raced=racing)

@@ -29,6 +29,7 @@ class Session:
     race_vanilla: VanillaRun | None = None            # the vanilla run raced against this run (never reused)
     race_requested: bool = True                       # the visitor asked for the race
     load: list | None = None                          # load average at the start and end of the run
+    parting: dict | None = None                       # where greedy EAGLE and vanilla parted: the target's top-2 there
     source: str = ""                                  # "live" or "trace: NAME"
     stepper: Iterator | None = None                   # step mode: the paused generation
     stepper_request: object | None = None             # its validated Request, for the race at the end
@@ -43,7 +44,7 @@ class Session:
         self.close()
         self.settings, self.model, self.source = dict(settings), dict(model), source
         self.steps, self.summary, self.race_vanilla, self.app_seconds = [], None, None, None
-        self.load = None
+        self.load, self.parting = None, None
 
     @contextmanager
     def running(self):
