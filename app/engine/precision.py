@@ -51,7 +51,7 @@ def time_forwards(models: dict[str, torch.nn.Module], sizes=(1, 8), prefix_len: 
                   repeats: int = 7) -> dict[str, list[float]]:
     """Per dtype name, the summed time of one forward over each of ``sizes`` query tokens on a
     cached prefix, ``repeats`` times, the dtypes alternating within every repeat."""
-    from transformers import DynamicCache
+    from app.engine import kv
 
     out: dict[str, list[float]] = {name: [] for name in models}
     g = torch.Generator().manual_seed(0)
@@ -60,7 +60,7 @@ def time_forwards(models: dict[str, torch.nn.Module], sizes=(1, 8), prefix_len: 
     prefix = torch.randint(0, vocab, (1, prefix_len), generator=g)
     caches = {}
     for name, model in models.items():
-        cache = DynamicCache(config=model.config)
+        cache = kv.preallocated_cache(model, prefix_len + max(sizes))
         model(input_ids=prefix, past_key_values=cache, use_cache=True)
         caches[name] = cache
     queries = {n: torch.randint(0, vocab, (1, n), generator=g) for n in sizes}
@@ -69,7 +69,7 @@ def time_forwards(models: dict[str, torch.nn.Module], sizes=(1, 8), prefix_len: 
             t0 = time.perf_counter()
             for n in sizes:
                 model(input_ids=queries[n], past_key_values=caches[name], use_cache=True)
-                caches[name].crop(prefix_len)
+                kv.crop(caches[name], prefix_len)
             if r:
                 out[name].append((time.perf_counter() - t0) * 1e3)
     return out

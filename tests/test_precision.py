@@ -1,0 +1,37 @@
+"""The dtype chooser (app/engine/precision.py): bfloat16 only where it is clearly faster."""
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.engine import precision
+
+times = st.lists(st.floats(1.0, 1000.0), min_size=1, max_size=9)
+
+
+@settings(max_examples=200, deadline=None)
+@given(times, times)
+def test_bf16_only_when_its_median_beats_float32_by_the_margin(fp32, bf16):
+    import statistics
+
+    pick = precision.faster_dtype({"float32": fp32, "bfloat16": bf16})
+    assert pick in ("float32", "bfloat16")
+    assert (pick == "bfloat16") == (statistics.median(fp32) >= precision.MIN_GAIN * statistics.median(bf16))
+
+
+def test_missing_timings_keep_the_exact_dtype():
+    assert precision.faster_dtype({}) == "float32"
+    assert precision.faster_dtype({"float32": [10.0]}) == "float32"
+    assert precision.faster_dtype({"float32": [40.0, 41.0], "bfloat16": [21.0, 20.0]}) == "bfloat16"
+    assert precision.faster_dtype({"float32": [40.0], "bfloat16": [38.0]}) == "float32"   # a near tie: stay exact
+
+
+def test_time_forwards_interleaves_dtypes_on_a_tiny_model(tiny):
+    import copy
+
+    import torch
+
+    target, _ = tiny
+    models = {"float32": target.model, "bfloat16": copy.deepcopy(target.model).to(torch.bfloat16)}
+    ms = precision.time_forwards(models, sizes=(1, 3), prefix_len=8, repeats=2)
+    assert set(ms) == {"float32", "bfloat16"} and all(len(v) == 2 and min(v) > 0 for v in ms.values())
