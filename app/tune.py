@@ -20,10 +20,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args) -> int:
+    from app.args import thread_governor
     from app.engine.autotune import choose_tree, cost_curve_text
     from app.engine.factory import load_engine
+    from app.engine.threads import engine_probe
 
     try:
+        governor = thread_governor(args)
         engine, _ = load_engine(args.base_model, args.draft_model, args.device, args.dtype,
                                 full_draft_vocab=args.full_draft_vocab)
     except (ValueError, FileNotFoundError, OSError) as exc:
@@ -31,6 +34,8 @@ def main(args) -> int:
         return 2
     load = os.getloadavg()[0]
     say = lambda m: print(f"[tune] {m}", file=sys.stderr, flush=True)  # noqa: E731
+    governor.apply(engine_probe(engine))      # the profile is kept per thread count, like generate picks it
+    say(f"threads: {governor.text()}")
     tree, choice = choose_tree(engine, refresh=args.retune, progress=say)
     curve = choice.cost_curve
     print(f"[tune] {engine.target.name} ({str(engine.target.dtype).replace('torch.', '')}) on "
@@ -40,4 +45,9 @@ def main(args) -> int:
         print("[tune] relative spread of T(n)/T(1): "
               + ", ".join(f"{n}: {x:.0%}" for n, x in zip(curve.sizes, curve.noise) if n > 1))
     print(f"[tune] {choice.summary()}")
+    if load >= 1.0:
+        print(f"[tune] note: measured beside other work (load average {load:.2f}). Under contention a forward over "
+              "several tokens costs relatively more, so this profile favours small trees; generate adapts its "
+              "tree while decoding either way. For the quiet-machine profile run `python -m app tune --retune` "
+              "when the machine is idle.")
     return 0
