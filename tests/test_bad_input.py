@@ -16,7 +16,7 @@ from app.engine.engine import Engine
     (dict(top_k=0), "top_k"), (dict(top_k=33), "top_k"),
     (dict(total_tokens=0), "total_tokens"), (dict(total_tokens=257), "total_tokens"),
     (dict(tau_low=-0.1), "tau_low"), (dict(tau_high=1.5), "tau_high"),
-    (dict(tau_low=0.6, tau_high=0.5), "tau_low"),
+    (dict(method="threshold", tau_low=0.6, tau_high=0.5), "tau_low"),
     (dict(min_confidence=2.0), "min_confidence"), (dict(min_confidence=float("nan")), "min_confidence"),
 ])
 def test_tree_config(kwargs, name):
@@ -70,7 +70,7 @@ def cli(*args):
 @pytest.mark.parametrize("args, needle", [
     (["--prompt", "hi", "--method", "beam"], "method"),
     (["--prompt", "hi", "--depth", "0"], "depth"),
-    (["--prompt", "hi", "--tau-low", "0.9", "--tau-high", "0.1"], "tau_low"),
+    (["--prompt", "hi", "--method", "threshold", "--tau-low", "0.9", "--tau-high", "0.1"], "tau_low"),
     (["--prompt", "hi", "--temperature", "-1"], "temperature"),
     (["--prompt", "hi", "--top-p", "0"], "top_p"),
     (["--prompt", "  "], "prompt"),

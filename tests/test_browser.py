@@ -106,6 +106,19 @@ def test_browser_generate_replay_stop_and_traces(url, tmp_path):
         page.get_by_role("option", name="the page's default tree").click()
         expect(page.locator("#total-tokens input[type=number]")).to_have_value(default_total)
 
+        # A knob that does not shape the chosen method's tree is disabled, with a note saying why.
+        page.locator("#method").get_by_text("chain", exact=True).click()
+        expect(page.locator("#top-k input[type=number]")).to_be_disabled()
+        expect(page.locator("#top-k")).to_contain_text("top_k applies to the dynamic method only")
+        expect(page.locator("#tau-high input[type=number]")).to_be_disabled()
+        expect(page.locator("#depth input[type=number]")).to_be_enabled()
+        page.locator("#method").get_by_text("threshold", exact=True).click()
+        expect(page.locator("#tau-high input[type=number]")).to_be_enabled()
+        expect(page.locator("#tau-high")).not_to_contain_text("applies to")
+        page.locator("#method").get_by_text("dynamic", exact=True).click()
+        expect(page.locator("#top-k input[type=number]")).to_be_enabled()
+        expect(page.locator("#tau-high")).to_contain_text("tau_high applies to the threshold method only")
+
         # Generate: tokens stream, the tree shows nodes, the speedup shows a number.
         page.locator("#prompt textarea").fill("w5 w17 w33 w90")
         page.locator("#max-new-tokens input[type=number]").fill("40")
@@ -129,14 +142,15 @@ def test_browser_generate_replay_stop_and_traces(url, tmp_path):
         _assert_run_still_shown(page, speedup_text)
         page.locator("#prompt textarea").fill("w5 w17 w33 w90")
 
-        # Replay: move the slider to step 0 and the phase account and tree follow it.
+        # Replay: move the slider to step 1 (step 0 is the prompt's prefill, which drafts no
+        # tree) and the phase account and tree follow it.
         before = page.locator("#phases").inner_text()
         box = page.locator("#step-slider input[type=number]")
-        box.fill("0")
+        box.fill("1")
         box.press("Enter")
-        expect(page.locator("#phases")).to_contain_text("Step 0")
+        expect(page.locator("#phases")).to_contain_text("Step 1")
         assert page.locator("#phases").inner_text() != before
-        assert _wait_for_tree(page, "step 0:") != last_title
+        assert _wait_for_tree(page, "step 1:") != last_title
         expect(page.locator("#token-stream .step.current")).to_have_count(1)
 
         # Why the default tree has its size: the cost curve and the candidates, drawn.

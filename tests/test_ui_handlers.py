@@ -98,7 +98,8 @@ def test_replay_view_scrubs_and_clamps(finished):
     ({"temperature": -1}, "temperature"), ({"temperature": math.nan}, "temperature"),
     ({"temperature": "hot"}, "temperature"), ({"temperature": 50.0}, "temperature"),
     ({"depth": 0}, "depth"), ({"depth": 100}, "depth"), ({"top_k": True}, "top_k"),
-    ({"total_tokens": 10**6}, "total_tokens"), ({"tau_low": 0.9, "tau_high": 0.1}, "tau_low"),
+    ({"total_tokens": 10**6}, "total_tokens"),
+    ({"method": "threshold", "tau_low": 0.9, "tau_high": 0.1}, "tau_low"),
     ({"min_confidence": 2.0}, "min_confidence"), ({"top_p": 0.0}, "top_p"), ({"seed": -1}, "seed"),
     ({"seed": None}, "seed"),
 ])

@@ -74,7 +74,7 @@ def test_invalid_input_is_an_error_message_and_the_server_keeps_serving(client):
     with pytest.raises(ValidationError, match="- prompt: prompt must be a non-empty"):
         client.predict(prompt=" ", method="dynamic", max_new_tokens=4, temperature=0.0, api_name="/generate")
     with pytest.raises(ValidationError) as refused:
-        client.predict(prompt=PROMPTS[1], method="dynamic", max_new_tokens=4, temperature=0.0, tau_low=0.9,
+        client.predict(prompt=PROMPTS[1], method="threshold", max_new_tokens=4, temperature=0.0, tau_low=0.9,
                        tau_high=0.2, api_name="/generate")
     assert "- tau_low: tau_low must be <= tau_high" in str(refused.value)
     assert "- prompt: Tree knobs: tau_low must be <= tau_high" in str(refused.value)
@@ -152,5 +152,37 @@ def test_tree_presets_set_the_knobs_and_refuse_unknown_names(client, tiny):
     default = TreeConfig()                                   # the tiny server starts with the engine's defaults
     assert list(client.predict(AUTO_PRESET, api_name="/tree_preset")) == [default.depth, default.top_k,
                                                                           default.total_tokens]
-    with pytest.raises(AppError, match="tree preset must be one of"):
-        client.predict("the biggest tree", api_name="/tree_preset")
+    for bad in ("the biggest tree", None, 7, ["x"], {"a": 1}, "x" * 100_000):
+        with pytest.raises(AppError, match="tree preset must be one of") as refused:
+            client.predict(bad, api_name="/tree_preset")
+        assert len(str(refused.value)) < 400
+
+
+def test_a_click_is_validated_once(client, monkeypatch):
+    """The event validator parses the request and hands it to the event, which does not
+    parse it again; a refused request is parsed once and never reaches the event."""
+    from gradio_client.exceptions import ValidationError
+
+    from app.ui import handlers
+
+    parsed, real = [], handlers.parse
+    monkeypatch.setattr(handlers, "parse", lambda ctx, raw: parsed.append(raw) or real(ctx, raw))
+    out = client.predict(prompt=PROMPTS[1], method="dynamic", max_new_tokens=4, temperature=0.0, **FAST,
+                         api_name="/generate")
+    assert str(out[0]).startswith("done") and len(parsed) == 1
+    with pytest.raises(ValidationError, match="- depth: depth must be"):
+        client.predict(prompt=PROMPTS[1], method="dynamic", max_new_tokens=4, temperature=0.0, depth=99,
+                       api_name="/generate")
+    assert len(parsed) == 2
+    out = client.predict(knob="depth", start=1, stop=2, count=2, prompt=PROMPTS[1], method="chain", max_new_tokens=4,
+                         temperature=0.0, top_p=1.0, seed=0, depth=2, top_k=2, total_tokens=4, tau_high=0.5,
+                         tau_low=0.05, min_confidence=0.0, api_name="/explore")
+    assert "best: depth" in str(out[1]) and len(parsed) == 3
+    with pytest.raises(ValidationError, match="- knob: knob top_k does nothing under method chain"):
+        client.predict(knob="top_k", start=1, stop=2, count=2, prompt=PROMPTS[1], method="chain", max_new_tokens=4,
+                       temperature=0.0, top_p=1.0, seed=0, depth=2, top_k=2, total_tokens=4, tau_high=0.5,
+                       tau_low=0.05, min_confidence=0.0, api_name="/explore")
+    with pytest.raises(ValidationError, match="- start: start and stop give no depth value that can run"):
+        client.predict(knob="depth", start=1e308, stop=-1e308, count=2, prompt=PROMPTS[1], method="chain",
+                       max_new_tokens=4, temperature=0.0, top_p=1.0, seed=0, depth=2, top_k=2, total_tokens=4,
+                       tau_high=0.5, tau_low=0.05, min_confidence=0.0, api_name="/explore")

@@ -1,7 +1,13 @@
-"""Settings for one generation, validated at the boundary.
+"""Settings for one generation: each defined once, here, and validated at the boundary.
 
-Every bad value raises ``ValueError`` naming the parameter and its allowed range, so the CLI
-can print it (exit 2) and the UI can show it as a message. Nothing downstream re-checks.
+``SETTINGS`` is the one specification of a request's settings: name, type, range, default,
+which tree methods it shapes, and the page's cap where the page caps lower than the engine.
+The engine's config classes (``TreeConfig``, ``SamplingConfig``, ``check_max_new_tokens``,
+``check_prompt``) check every value against it; the page derives its controls, its request
+parser, its trace schema and its API from it. Every bad value raises ``ValueError`` whose
+first word names the setting, with its allowed range and a short echo of the value, so the
+CLI can print it (exit 2) and the UI can show it under the control. Nothing downstream
+re-checks.
 
 Two different "top-k"s exist in speculative decoding, so they get two different names here:
 ``TreeConfig.top_k`` is the EAGLE-2 branching factor of the draft tree, and
@@ -10,9 +16,11 @@ Two different "top-k"s exist in speculative decoding, so they get two different 
 from __future__ import annotations
 
 import math
+import reprlib
 from dataclasses import dataclass
 
 METHODS = ("vanilla", "dynamic", "static", "chain", "threshold")
+TREE_METHODS = tuple(m for m in METHODS if m != "vanilla")   # the methods that draft a tree
 
 # Upper bounds: generous for a GPU, but small enough that a stray API call cannot ask for a
 # tree or an answer that takes the server down.
@@ -20,6 +28,7 @@ MAX_DEPTH = 16
 MAX_TOP_K = 32
 MAX_TOTAL_TOKENS = 256
 MAX_NEW_TOKENS = 4096
+MAX_PROMPT_CHARS = 20_000
 MAX_TOP_K_SAMPLING = 100_000
 MAX_SEED = 2**63 - 1
 
@@ -36,19 +45,175 @@ DEFAULT_STATIC_SHAPE: tuple[tuple[int, ...], ...] = (
     (0, 0, 0, 1, 0),
 )
 
+_ECHO = reprlib.Repr()
+_ECHO.maxstring = _ECHO.maxother = 60
+_ECHO.maxlist = _ECHO.maxtuple = _ECHO.maxdict = _ECHO.maxset = 4
+_ECHO.maxlevel = 2
+ECHO_CHARS = 60
 
-def _check_int(name: str, value, lo: int, hi: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise ValueError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
+
+def shown(value) -> str:
+    """``value`` as an error message may echo it: a repr cut to about 60 characters, so a
+    1 MB value never comes back as a 1 MB message (and a 10**400 integer, whose repr
+    Python refuses past 4300 digits, by its size)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
+        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+    text = _ECHO.repr(value)
+    return text if len(text) <= ECHO_CHARS else text[:ECHO_CHARS - 1] + "…"
 
 
-def _check_float(name: str, value, lo: float, hi: float, lo_open: bool = False) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if ok:
-        ok = (lo < value if lo_open else lo <= value) and value <= hi
-    if not ok:
-        left = "(" if lo_open else "["
-        raise ValueError(f"{name} must be a number in {left}{lo}, {hi}], got {value!r}")
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _num(x) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting of a generation request.
+
+    kind:        "int" | "float" | "str" (the prompt) | "choice" (one of ``choices``)
+    default:     the value a request that leaves it out gets (None: it is required)
+    lo, hi:      the engine's inclusive range (for "str": at most ``hi`` characters)
+    least_positive: floats only: besides 0, nothing below this (a smaller temperature or
+                 top_p underflows float32 and leaves the sampler no distribution to draw from)
+    methods:     the methods whose tree it shapes; elsewhere it is accepted and unused
+    page_hi:     the page's (and its API's) cap, where the page caps lower than the engine
+    owner:       the config class that holds it: "request" | "tree" | "sampling"
+    label, step: the page control's label and step
+    """
+
+    name: str
+    kind: str
+    default: object
+    lo: float | None = None
+    hi: float | None = None
+    least_positive: float | None = None
+    choices: tuple[str, ...] = ()
+    methods: tuple[str, ...] = METHODS
+    page_hi: float | None = None
+    owner: str = "request"
+    label: str = ""
+    step: float | None = None
+
+    # --- applicability ------------------------------------------------------------------------
+
+    def applies_to(self, method: str) -> bool:
+        return method in self.methods
+
+    def why_not(self, method: str) -> str:
+        """A short note for a control that does nothing under ``method`` ("" if it applies)."""
+        if self.applies_to(method):
+            return ""
+        if len(self.methods) == 1:
+            return f"{self.name} applies to the {self.methods[0]} method only"
+        if set(self.methods) == set(TREE_METHODS):
+            return f"{self.name} shapes the draft tree: {method} drafts none"
+        return f"{self.name} applies to {', '.join(self.methods)} only"
+
+    # --- parsing and checking -----------------------------------------------------------------
+
+    def range_text(self, hi=None) -> str:
+        hi = self.hi if hi is None else hi
+        if self.kind == "choice":
+            return f"one of {', '.join(self.choices)}"
+        if self.kind == "str":
+            return f"a non-empty, non-blank string of at most {hi} characters"
+        what = "an integer" if self.kind == "int" else "a number"
+        if self.least_positive is not None:
+            return f"0 or {what} in [{_num(self.least_positive)}, {_num(hi)}]"
+        return f"{what} in [{_num(self.lo)}, {_num(hi)}]"
+
+    def refuse(self, value, hi=None, why: str = ""):
+        raise ValueError(f"{self.name} must be {self.range_text(hi)}{why}, got {shown(value)}")
+
+    def coerce(self, value):
+        """A raw value from JSON or a slider as this setting's type: an int from an integral
+        float (sliders send floats), a float from an int. Only the type: ranges are
+        ``check``'s job, run by the engine's config classes."""
+        if self.kind == "int" and isinstance(value, float) and math.isfinite(value) and value.is_integer():
+            return int(value)
+        if self.kind == "float" and _is_int(value):
+            try:
+                return float(value)
+            except OverflowError:
+                self.refuse(value)
+        return value
+
+    def check(self, value, hi=None):
+        """``value`` if it is in range, else ValueError naming the setting and its range.
+        ``hi``: a lower cap set by whoever hosts the engine (max_new_tokens, prompt length)."""
+        hi = self.hi if hi is None else hi
+        if self.kind == "choice":
+            if not isinstance(value, str) or value not in self.choices:
+                self.refuse(value)
+        elif self.kind == "str":
+            self._check_text(value, hi)
+        elif self.kind == "int":
+            if not _is_int(value) or not self.lo <= value <= hi:
+                self.refuse(value, hi)
+        else:
+            ok = _is_number(value) and math.isfinite(value) and self.lo <= value <= hi
+            if ok and self.least_positive is not None and 0 < value < self.least_positive:
+                ok = False
+            if not ok:
+                self.refuse(value, hi)
+        return value
+
+    def _check_text(self, value, hi) -> None:
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(f"{self.name} must be a non-empty, non-blank string, got {shown(value)}")
+        if len(value) > hi:
+            raise ValueError(f"{self.name} must be at most {hi} characters, got {len(value)}")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"{self.name} must be valid Unicode text: character {exc.start} is a lone "
+                             "surrogate") from None
+
+    def check_page_cap(self, value):
+        """``value`` if it is within the page's cap (``page_hi``); the engine's range is
+        ``check``'s. The page (and its API) then accept exactly what its control offers."""
+        if self.page_hi is not None and value > self.page_hi:
+            self.refuse(value, self.page_hi, " on this page")
+        return value
+
+
+# The settings of one request, in the order the page's events (and its API) take them.
+SETTINGS: tuple[Setting, ...] = (
+    Setting("prompt", "str", None, hi=MAX_PROMPT_CHARS, label="Prompt"),
+    Setting("method", "choice", "dynamic", choices=TREE_METHODS + ("vanilla",), owner="tree", label="Method"),
+    Setting("max_new_tokens", "int", 96, 1, MAX_NEW_TOKENS, label="max new tokens", step=1),
+    Setting("temperature", "float", 0.0, 0.0, 100.0, least_positive=0.01, page_hi=2.0, owner="sampling",
+            label="temperature (0 = greedy)", step=0.05),
+    Setting("top_p", "float", 1.0, 0.01, 1.0, owner="sampling", label="top_p", step=0.01),
+    Setting("seed", "int", 0, 0, MAX_SEED, owner="sampling", label="seed", step=1),
+    Setting("depth", "int", 5, 1, MAX_DEPTH, methods=TREE_METHODS, owner="tree",
+            label="depth (draft levels)", step=1),
+    Setting("top_k", "int", 8, 1, MAX_TOP_K, methods=("dynamic",), owner="tree",
+            label="top_k (branching)", step=1),
+    Setting("total_tokens", "int", 24, 1, MAX_TOTAL_TOKENS, methods=TREE_METHODS, page_hi=128, owner="tree",
+            label="total_tokens (nodes verified)", step=1),
+    Setting("tau_high", "float", 0.5, 0.0, 1.0, methods=("threshold",), owner="tree",
+            label="tau_high (threshold: 2 children)", step=0.01),
+    Setting("tau_low", "float", 0.05, 0.0, 1.0, methods=("threshold",), owner="tree",
+            label="tau_low (threshold: 1 child)", step=0.01),
+    Setting("min_confidence", "float", 0.0, 0.0, 1.0, methods=TREE_METHODS, owner="tree",
+            label="min_confidence (drop nodes below)", step=0.01),
+)
+SETTING: dict[str, Setting] = {s.name: s for s in SETTINGS}
+# The engine's one setting that the page does not offer.
+TOP_K_SAMPLING = Setting("top_k_sampling", "int", 0, 0, MAX_TOP_K_SAMPLING, owner="sampling")
+
+
+def _default(name: str):
+    return SETTING[name].default
 
 
 @dataclass(frozen=True)
@@ -65,28 +230,25 @@ class TreeConfig:
     static_shape:    static method: the tree as paths of child ranks (see DEFAULT_STATIC_SHAPE)
     """
 
-    method: str = "dynamic"
-    depth: int = 5
-    top_k: int = 8
-    total_tokens: int = 24
-    tau_high: float = 0.5
-    tau_low: float = 0.05
-    min_confidence: float = 0.0
+    method: str = _default("method")
+    depth: int = _default("depth")
+    top_k: int = _default("top_k")
+    total_tokens: int = _default("total_tokens")
+    tau_high: float = _default("tau_high")
+    tau_low: float = _default("tau_low")
+    min_confidence: float = _default("min_confidence")
     static_shape: tuple[tuple[int, ...], ...] = DEFAULT_STATIC_SHAPE
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise ValueError(f"method must be one of {', '.join(METHODS)}, got {self.method!r}")
-        _check_int("depth", self.depth, 1, MAX_DEPTH)
-        _check_int("top_k", self.top_k, 1, MAX_TOP_K)
-        _check_int("total_tokens", self.total_tokens, 1, MAX_TOTAL_TOKENS)
-        _check_float("tau_low", self.tau_low, 0.0, 1.0)
-        _check_float("tau_high", self.tau_high, 0.0, 1.0)
-        if self.tau_low > self.tau_high:
+        for s in SETTINGS:
+            if s.owner == "tree":
+                s.check(getattr(self, s.name))
+        # Only where the pair is used: a knob that does not shape this method's tree is
+        # accepted unused (the page disables its control, so it could not be corrected there).
+        if self.method == "threshold" and self.tau_low > self.tau_high:
             raise ValueError(
                 f"tau_low must be <= tau_high (0 <= tau_low <= tau_high <= 1), "
-                f"got tau_low={self.tau_low}, tau_high={self.tau_high}")
-        _check_float("min_confidence", self.min_confidence, 0.0, 1.0)
+                f"got tau_low={self.tau_low:g}, tau_high={self.tau_high:g}")
         shape = tuple(tuple(p) for p in self.static_shape)
         object.__setattr__(self, "static_shape", shape)
         if not shape or len(shape) > MAX_TOTAL_TOKENS:
@@ -140,16 +302,15 @@ class SamplingConfig:
     *shaped* distribution.
     """
 
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k_sampling: int = 0  # 0 = no top-k truncation
-    seed: int = 0
+    temperature: float = _default("temperature")
+    top_p: float = _default("top_p")
+    top_k_sampling: int = TOP_K_SAMPLING.default  # 0 = no top-k truncation
+    seed: int = _default("seed")
 
     def __post_init__(self) -> None:
-        _check_float("temperature", self.temperature, 0.0, 100.0)
-        _check_float("top_p", self.top_p, 0.0, 1.0, lo_open=True)
-        _check_int("top_k_sampling", self.top_k_sampling, 0, MAX_TOP_K_SAMPLING)
-        _check_int("seed", self.seed, 0, MAX_SEED)
+        for s in SETTINGS + (TOP_K_SAMPLING,):
+            if s.owner == "sampling":
+                s.check(getattr(self, s.name))
 
     @property
     def greedy(self) -> bool:
@@ -161,17 +322,12 @@ class GenerationLimits:
     """Caps set by whoever hosts the engine (the CLI, a public Space)."""
 
     max_new_tokens: int = MAX_NEW_TOKENS
-    max_prompt_chars: int = 20_000
+    max_prompt_chars: int = MAX_PROMPT_CHARS
 
 
 def check_max_new_tokens(value, cap: int = MAX_NEW_TOKENS) -> int:
-    _check_int("max_new_tokens", value, 1, cap)
-    return value
+    return SETTING["max_new_tokens"].check(value, cap)
 
 
-def check_prompt(prompt, max_chars: int = GenerationLimits.max_prompt_chars) -> str:
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise ValueError("prompt must be a non-empty, non-blank string")
-    if len(prompt) > max_chars:
-        raise ValueError(f"prompt must be at most {max_chars} characters, got {len(prompt)}")
-    return prompt
+def check_prompt(prompt, max_chars: int = MAX_PROMPT_CHARS) -> str:
+    return SETTING["prompt"].check(prompt, max_chars)

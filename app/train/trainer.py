@@ -275,35 +275,12 @@ def train(head, target_model, data: FeatureDataset, run_dir: Path, loss_cfg: Los
     if vocab_ids is not None:
         lm_head = SubsetLMHead(lm_head, vocab_ids.to(device))
     embedding = target_model.get_input_embeddings()
-    opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
-    g = torch.Generator().manual_seed(cfg.seed)   # on the host: its state is checkpointed (see head_loss)
+    run = _Run(head, torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95)),
+               torch.Generator().manual_seed(cfg.seed),   # on the host: its state is checkpointed (see head_loss)
+               run_dir / "checkpoint.pt", data, vocab_ids, loss_cfg, cfg)
     per_epoch = len(data.batches(0, cfg.seed, cfg.batch_tokens))
     total_steps = max(1, int(round(cfg.epochs * per_epoch)))
-    state = {"step": 0, "seconds": 0.0, "history": []}
-    ckpt = run_dir / "checkpoint.pt"
-    if ckpt.is_file():
-        saved = torch.load(ckpt, map_location="cpu", weights_only=False)
-        if [str(p) for p in saved["shards"]] != [str(p) for p in data.paths]:
-            raise ValueError(f"checkpoint {ckpt} was trained on other feature shards; "
-                             "use a new --run-name (and --init-from) to train on more data")
-        saved_ids = saved.get("vocab_ids")
-        if (saved_ids is None) != (vocab_ids is None) or (
-                saved_ids is not None and not torch.equal(saved_ids, vocab_ids)):
-            raise ValueError(f"checkpoint {ckpt} was trained on another draft vocabulary; use a new --run-name")
-        head.load_state_dict(saved["head"], strict=True)
-        opt.load_state_dict(saved["optimizer"])
-        g.set_state(saved["generator"])
-        state = saved["state"]
-        log(f"train: resumed {ckpt} at step {state['step']} of {total_steps}")
-
-    def save() -> None:
-        tmp = ckpt.with_name("checkpoint.pt.tmp")
-        torch.save({"head": {k: v.cpu() for k, v in head.state_dict().items()}, "optimizer": opt.state_dict(),
-                    "generator": g.get_state(),
-                    "state": state, "shards": [str(p) for p in data.paths], "vocab_ids": vocab_ids,
-                    "loss_config": loss_cfg.__dict__, "train_config": cfg.__dict__}, tmp)
-        tmp.rename(ckpt)
-
+    state = resume(run, total_steps)
     head.train()
     start_step, t_start = state["step"], time.perf_counter()
     seconds_before = state["seconds"]
@@ -311,50 +288,122 @@ def train(head, target_model, data: FeatureDataset, run_dir: Path, loss_cfg: Los
                mininterval=5, desc="train")
     recent: list[dict] = []
     budget_s = None if cfg.max_minutes is None else 60 * cfg.max_minutes
-    # where in the data we are: (epoch, batch within it); epochs differ slightly in their
-    # number of batches (the packing follows the shuffle), so steps do not map to them
-    state.setdefault("epoch", state["step"] // per_epoch)
-    state.setdefault("batch", state["step"] % per_epoch)
-    epoch_batches = data.batches(state["epoch"], cfg.seed, cfg.batch_tokens)
+    batches = _Batches(data, cfg, state, per_epoch)
     while state["step"] < total_steps:
-        if state["batch"] >= len(epoch_batches):
-            state["epoch"], state["batch"] = state["epoch"] + 1, 0
-            epoch_batches = data.batches(state["epoch"], cfg.seed, cfg.batch_tokens)
-        epoch = state["epoch"]
-        batch_ids = epoch_batches[state["batch"]]
-        # with a time budget the schedule follows whichever runs out first, steps or time,
-        # so a run cut short by its budget still ends with a decayed learning rate
-        progress = state["step"] / total_steps
-        if budget_s is not None:
-            progress = max(progress, state["seconds"] / budget_s)
-        for group in opt.param_groups:
-            group["lr"] = lr_at(progress, cfg.lr, cfg.warmup_steps, state["step"])
+        epoch, batch_ids = batches.next()
+        set_learning_rate(run.opt, cfg, state, total_steps, budget_s)
         loss, stats = head_loss(head, lm_head, embedding, data.collate(batch_ids, device), loss_cfg,
-                                data.feature_std, g)
-        opt.zero_grad(set_to_none=True)
+                                data.feature_std, run.generator)
+        run.opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.clip)
-        opt.step()
+        run.opt.step()
         state["step"] += 1
         state["batch"] += 1
         state["seconds"] = seconds_before + time.perf_counter() - t_start
         recent = (recent + [stats])[-50:]
-        bar.update(1)
-        bar.set_postfix({key: f"{sum(r.get(key, 0.0) for r in recent) / len(recent):.3f}"
-                         for key in ("loss", "reg1", "kl1", "acc1", "acc2") if key in stats})
-        if state["step"] % 10 == 0:
-            state["history"].append({"step": state["step"], "epoch": epoch, **{
-                key: sum(r.get(key, 0.0) for r in recent) / len(recent) for key in stats}})
+        _report(bar, state, epoch, recent, stats)
         out_of_time = (budget_s is not None and state["seconds"] > budget_s) \
             or (cfg.stop_at_step is not None and state["step"] >= cfg.stop_at_step)
         if state["step"] % cfg.checkpoint_every == 0 or state["step"] == total_steps or out_of_time:
-            save()
+            save_checkpoint(run, state)
         if out_of_time:
             log(f"train: stopped at step {state['step']} of {total_steps} (time or step limit); rerun to resume")
             break
     bar.close()
     head.eval()
     return state
+
+
+@dataclass
+class _Run:
+    """What a checkpoint saves and restores, besides the loop's ``state`` dict."""
+
+    head: torch.nn.Module
+    opt: torch.optim.Optimizer
+    generator: torch.Generator
+    ckpt: Path
+    data: FeatureDataset
+    vocab_ids: torch.Tensor | None
+    loss_cfg: LossConfig
+    cfg: TrainConfig
+
+
+# --- checkpoint -------------------------------------------------------------------------------
+
+def resume(run: _Run, total_steps: int) -> dict:
+    """The loop's state: fresh, or restored (with head, optimiser and noise generator) from
+    the run's checkpoint, which must have been made on the same shards and draft vocabulary."""
+    if not run.ckpt.is_file():
+        return {"step": 0, "seconds": 0.0, "history": []}
+    saved = torch.load(run.ckpt, map_location="cpu", weights_only=False)
+    if [str(p) for p in saved["shards"]] != [str(p) for p in run.data.paths]:
+        raise ValueError(f"checkpoint {run.ckpt} was trained on other feature shards; "
+                         "use a new --run-name (and --init-from) to train on more data")
+    saved_ids = saved.get("vocab_ids")
+    if (saved_ids is None) != (run.vocab_ids is None) or (
+            saved_ids is not None and not torch.equal(saved_ids, run.vocab_ids)):
+        raise ValueError(f"checkpoint {run.ckpt} was trained on another draft vocabulary; use a new --run-name")
+    run.head.load_state_dict(saved["head"], strict=True)
+    run.opt.load_state_dict(saved["optimizer"])
+    run.generator.set_state(saved["generator"])
+    state = saved["state"]
+    log(f"train: resumed {run.ckpt} at step {state['step']} of {total_steps}")
+    return state
+
+
+def save_checkpoint(run: _Run, state: dict) -> None:
+    """Write the checkpoint atomically (a temporary file, then a rename): an interruption
+    mid-write leaves the previous checkpoint intact."""
+    tmp = run.ckpt.with_name("checkpoint.pt.tmp")
+    torch.save({"head": {k: v.cpu() for k, v in run.head.state_dict().items()}, "optimizer": run.opt.state_dict(),
+                "generator": run.generator.get_state(),
+                "state": state, "shards": [str(p) for p in run.data.paths], "vocab_ids": run.vocab_ids,
+                "loss_config": run.loss_cfg.__dict__, "train_config": run.cfg.__dict__}, tmp)
+    tmp.rename(run.ckpt)
+
+
+# --- schedule -------------------------------------------------------------------------------
+
+class _Batches:
+    """Where in the data the run is: (epoch, batch within it), kept in ``state`` so a resumed
+    run takes the very next batch. Epochs differ slightly in their number of batches (the
+    packing follows the shuffle), so steps do not map to them."""
+
+    def __init__(self, data: FeatureDataset, cfg: TrainConfig, state: dict, per_epoch: int):
+        self.data, self.cfg, self.state = data, cfg, state
+        state.setdefault("epoch", state["step"] // per_epoch)
+        state.setdefault("batch", state["step"] % per_epoch)
+        self.epoch_batches = data.batches(state["epoch"], cfg.seed, cfg.batch_tokens)
+
+    def next(self) -> tuple[int, list[int]]:
+        """(epoch, item ids) of the step about to run; ``state["batch"]`` is advanced by the loop."""
+        state = self.state
+        if state["batch"] >= len(self.epoch_batches):
+            state["epoch"], state["batch"] = state["epoch"] + 1, 0
+            self.epoch_batches = self.data.batches(state["epoch"], self.cfg.seed, self.cfg.batch_tokens)
+        return state["epoch"], self.epoch_batches[state["batch"]]
+
+
+def set_learning_rate(opt: torch.optim.Optimizer, cfg: TrainConfig, state: dict, total_steps: int,
+                      budget_s: float | None) -> None:
+    """``lr_at`` for this step. With a time budget the schedule follows whichever runs out
+    first, steps or time, so a run cut short by its budget still ends with a decayed rate."""
+    progress = state["step"] / total_steps
+    if budget_s is not None:
+        progress = max(progress, state["seconds"] / budget_s)
+    for group in opt.param_groups:
+        group["lr"] = lr_at(progress, cfg.lr, cfg.warmup_steps, state["step"])
+
+
+def _report(bar, state: dict, epoch: int, recent: list[dict], stats: dict) -> None:
+    """The progress bar's running means, and every 10 steps a line of the history."""
+    bar.update(1)
+    bar.set_postfix({key: f"{sum(r.get(key, 0.0) for r in recent) / len(recent):.3f}"
+                     for key in ("loss", "reg1", "kl1", "acc1", "acc2") if key in stats})
+    if state["step"] % 10 == 0:
+        state["history"].append({"step": state["step"], "epoch": epoch, **{
+            key: sum(r.get(key, 0.0) for r in recent) / len(recent) for key in stats}})
 
 
 @torch.no_grad()

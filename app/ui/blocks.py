@@ -4,8 +4,13 @@ Handlers (``handlers.py``) yield views — dicts keyed by view name. Here each v
 bound to one component, and a thin wrapper per event turns a view into the tuple of outputs
 Gradio expects (``gr.skip()`` for anything the view leaves alone) and a ``ValueError`` into a
 ``gr.Error`` message on the page. Before an engine event starts, its validator checks the
-request's settings and shows a bad one's message under its control, so a refused run leaves
-the page as it was. Nothing here decodes or draws.
+request once and shows a bad setting's message under its control, so a refused run leaves
+the page as it was; the event runs what the validator accepted. Nothing here decodes or draws.
+
+The page is built in two parts: ``build_layout`` makes the components (each setting's
+control from its specification, ``app.engine.config.SETTINGS``) and ``wire`` attaches the
+events. The engine events' signatures, which Gradio turns into the public API, come from the
+same specification (``event_signature``).
 
 Reliability (one model, many visitors): every event that runs the engine shares one worker
 (``concurrency_id="engine"``, limit 1), the queue is bounded, each visitor's data lives in
@@ -15,15 +20,17 @@ closes the engine's iterator: generation ends after the current step).
 from __future__ import annotations
 
 import contextlib
+import inspect
+from dataclasses import dataclass
 from pathlib import Path
 
 import gradio as gr
 
-from app.engine.config import MAX_DEPTH, MAX_TOP_K
+from app.engine.config import SETTING, SETTINGS, Setting, TreeConfig
 from app.ui import handlers
 from app.ui.explain import EXAMPLES, HOW_IT_WORKS
-from app.ui.requests import (AUTO_PRESET, CUSTOM_PRESET, DEFAULTS, SETTINGS, SWEEP_KNOBS, TREE_KNOBS, TREE_PRESETS,
-                              UI_METHODS, preset_of, tree_preset)
+from app.ui.requests import (AUTO_PRESET, CUSTOM_PRESET, SETTING_NAMES, SWEEP_KNOBS, TREE_KNOBS, TREE_PRESETS, Checked,
+                              preset_of, tree_preset)
 from app.ui.session import Session, close_session
 from app.ui.settings import AppContext, ServerConfig, gpu
 from app.viz.autotune import choice_figure, choice_markdown
@@ -116,55 +123,363 @@ TREE_SIZE_NOT_MEASURED = (
     "the head's acceptance once, picks the tree with the highest predicted tokens/s, and shows why here "
     "(`python -m app generate` with method dynamic and no tree knobs prints the same choice).")
 
-# Settings whose controls live in the accordions, which may be closed when a run is refused.
-FOLDED = {**{k: "Tree knobs" for k in TREE_KNOBS}, **{k: "Sampling" for k in ("temperature", "top_p", "seed")}}
+# The accordion each folded setting's control lives in, by the config class that owns it; the
+# accordions may be closed when a run is refused, so a message is repeated by the prompt.
+ACCORDIONS = {"tree": "Tree knobs", "sampling": "Sampling"}
+FOLDED = {s.name: ACCORDIONS[s.owner] for s in SETTINGS if s.owner in ACCORDIONS and s.name != "method"}
 
 
-def build_demo(ctx: AppContext, demos: dict[str, str] | None = None) -> gr.Blocks:
-    """The whole page for one server context. Tests pass a tiny-model context."""
-    cfg = ctx.config
-    demos = demo_traces() if demos is None else demos
-    tree0 = ctx.tree_defaults   # autotune's choice for this machine, or the engine's defaults
+# --- the public API: the events' Python signatures, from the settings' specification ----------
 
-    # --- event functions: named parameters are the public API (gradio_client) ------------------
+def event_signature(before: tuple = (), defaults: dict | None = None, after: tuple = ()) -> inspect.Signature:
+    """The signature of an engine event: ``before`` (name, annotation) pairs, every setting in
+    ``SETTINGS`` order (with ``defaults``' default where it has one), then ``after``
+    (name, annotation, default) triples. Gradio derives the event's API (names, order,
+    defaults for ``gradio_client``) from it, so the API follows the specification."""
+    P = inspect.Parameter
+    kinds = {"int": int, "float": float, "str": str, "choice": str}
+    params = [P(name, P.POSITIONAL_OR_KEYWORD, annotation=kind) for name, kind in before]
+    params += [P(s.name, P.POSITIONAL_OR_KEYWORD, annotation=kinds[s.kind],
+                 default=(defaults or {}).get(s.name, P.empty)) for s in SETTINGS]
+    params += [P(name, P.POSITIONAL_OR_KEYWORD, annotation=kind, default=default) for name, kind, default in after]
+    return inspect.Signature(params)
 
-    @gpu
-    def generate(prompt: str, method: str = DEFAULTS["method"], max_new_tokens: int = DEFAULTS["max_new_tokens"],
-                 temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, depth: int = tree0.depth,
-                 top_k: int = tree0.top_k, total_tokens: int = tree0.total_tokens, tau_high: float = tree0.tau_high,
-                 tau_low: float = tree0.tau_low, min_confidence: float = tree0.min_confidence,
-                 step_mode: bool = False, session: Session | None = None):
+
+def page_defaults(tree0: TreeConfig) -> dict:
+    """The value each setting's control starts at: the specification's default, the tree
+    knobs from ``tree0`` (autotune's choice for this machine, or the engine's defaults)."""
+    return {s.name: getattr(tree0, s.name) if s.name in TREE_KNOBS else s.default
+            for s in SETTINGS if s.default is not None}
+
+
+def _with_signature(fn, signature: inspect.Signature):
+    fn.__signature__ = signature
+    fn.__annotations__ = {p.name: p.annotation for p in signature.parameters.values()}
+    return gpu(fn)
+
+
+def make_generate(ctx: AppContext, checked: Checked):
+    """The Generate event (API ``/generate``): its parameters are the settings, then
+    step_mode and the visitor's session (not part of the API)."""
+    signature = event_signature(defaults=page_defaults(ctx.tree_defaults),
+                                after=(("step_mode", bool, False), ("session", Session | None, None)))
+
+    def generate(*args, **kwargs):
         """Decode the prompt with the chosen method, streaming tokens and trees, then race vanilla."""
+        a = signature.bind(*args, **kwargs)
+        a.apply_defaults()
+        values = [a.arguments[name] for name in SETTING_NAMES] + [a.arguments["step_mode"]]
+        session = a.arguments["session"]
         session = session if isinstance(session, Session) else Session()
-        raw = dict(prompt=prompt, method=method, max_new_tokens=max_new_tokens, temperature=temperature,
-                   top_p=top_p, seed=seed, depth=depth, top_k=top_k, total_tokens=total_tokens,
-                   tau_high=tau_high, tau_low=tau_low, min_confidence=min_confidence)
-        yield from _stream(handlers.generate(ctx, session, step_mode=step_mode, **raw), RUN_VIEWS)
+        gen = handlers.generate(ctx, session, step_mode=a.arguments["step_mode"], request=checked.get(values),
+                                **dict(zip(SETTING_NAMES, values)))
+        yield from _stream(gen, RUN_VIEWS)
 
-    @gpu
+    return _with_signature(generate, signature)
+
+
+def make_explore(ctx: AppContext, checked: Checked):
+    """The threshold explorer's event (API ``/explore``): knob, start, stop, count, then the
+    settings, all required."""
+    signature = event_signature(before=(("knob", str), ("start", float), ("stop", float), ("count", int)),
+                                after=(("session", Session | None, None),))
+
+    def explore(*args, **kwargs):
+        """Run the prompt once per value of one knob and plot acceptance and speed against it."""
+        a = signature.bind(*args, **kwargs)
+        values = [a.arguments[name] for name in handlers.SWEEP_FIELDS + SETTING_NAMES]
+        session = a.arguments.get("session")
+        session = session if isinstance(session, Session) else Session()
+        gen = handlers.explore(ctx, session, *values[:4], sweep=checked.get(values),
+                               **dict(zip(SETTING_NAMES, values[4:])))
+        yield from _stream(gen, EXPLORE_VIEWS)
+
+    return _with_signature(explore, signature)
+
+
+def settings_validator(check, names: tuple, checked: Checked):
+    """Gradio's event validator for an engine event whose inputs are named ``names`` (None for
+    the session): it runs ``check(*values)`` once, before the event. A refusal is shown under
+    the control it names and the event never starts, so the page keeps the run it shows
+    (raising ``gr.Error`` from the event instead marks every output of the run as failed and
+    blanks its plots). What passes is handed to the event (``checked``), which then runs it
+    without validating again. A problem of no one input is left to the event."""
+
+    def validate(*values):
+        values = list(values[:len(names) - 1])   # the last input is the session
+        try:
+            result, problems = handlers.judge(lambda: check(*values), names)
+        except Exception:  # noqa: BLE001 — never fail here: the event's own checks answer then
+            result, problems = None, {}
+        if result is not None:
+            checked.put(values, result)
+        for name, message in list(problems.items()):
+            if name in FOLDED:   # its control may sit in a closed accordion: say it by the prompt too
+                problems["prompt"] = f"{FOLDED[name]}: {message}"
+        return [gr.validate(name not in problems, problems.get(name, "")) for name in names]
+
+    return validate
+
+
+def precheck(check):
+    """A click's pre-check, an event with no outputs before the event itself (chained with
+    ``.success``; queued, since Gradio shows no message for an error outside the queue, but
+    not behind the engine's worker). A refusal is then only a toast: an error raised by the
+    event itself would mark every one of its outputs as failed and blank the run on the
+    page. The event still makes the same check (for API callers, and for a state that
+    changed in between). For events whose inputs can show a message (generate, the sweep)
+    ``settings_validator`` does this job, closer to the control."""
+
+    def run(*args):
+        with page_errors():
+            check(*args)
+
+    return run
+
+
+def applicability(method) -> tuple:
+    """Updates for the tree knobs' controls when the method changes: a knob that does not
+    shape this method's tree is disabled, with a note saying why (``Setting.why_not``)."""
+    return tuple(gr.update(interactive=SETTING[k].applies_to(method), info=SETTING[k].why_not(method))
+                 for k in TREE_KNOBS)
+
+
+# --- layout ------------------------------------------------------------------------------------
+
+@dataclass
+class Components:
+    """Every component the wiring needs, made by ``build_layout``."""
+
+    session: gr.State
+    controls: dict              # setting name -> its control (SETTINGS)
+    step_mode: gr.Checkbox
+    generate_btn: gr.Button
+    stop_btn: gr.Button
+    step_btn: gr.Button
+    preset: gr.Dropdown
+    outputs: dict               # view name -> component (RUN_VIEWS, EXPLORE_VIEWS)
+    knob: gr.Dropdown
+    start: gr.Number
+    stop_value: gr.Number
+    count: gr.Slider
+    explore_btn: gr.Button
+    upload: gr.File
+    demo_choice: gr.Dropdown
+    demo_btn: gr.Button
+
+    @property
+    def settings(self) -> list:
+        """The settings' controls in the order the events (and their validators) take them."""
+        return [self.controls[name] for name in SETTING_NAMES]
+
+    def views(self, names) -> list:
+        return [self.outputs[name] for name in names]
+
+
+def setting_control(s: Setting, value, method: str, cfg: ServerConfig):
+    """The page's control for one numeric setting, from its specification: its range (the
+    page's cap where it is lower, the server's cap for max_new_tokens), default and step;
+    disabled with a note when it does not apply to ``method``."""
+    elem_id = s.name.replace("_", "-")
+    if s.name == "seed":
+        return gr.Number(value, precision=0, minimum=s.lo, label=s.label, elem_id=elem_id)
+    hi = cfg.max_new_tokens if s.name == "max_new_tokens" else s.page_hi if s.page_hi is not None else s.hi
+    return gr.Slider(s.lo, hi, value=min(value, hi), step=s.step, label=s.label, elem_id=elem_id,
+                     interactive=s.applies_to(method), info=s.why_not(method) or None)
+
+
+def _prompt_column(cfg: ServerConfig) -> dict:
+    prompt = gr.Textbox(label=SETTING["prompt"].label, lines=3, elem_id="prompt", max_length=cfg.max_prompt_chars,
+                        placeholder="Ask something, or pick an example below")
+    gr.Examples([[p] for _, p in EXAMPLES], inputs=[prompt],
+                example_labels=[f"{cat}: {p[:48]}…" for cat, p in EXAMPLES], label="Examples")
+    with gr.Row():
+        buttons = dict(generate_btn=gr.Button("Generate", variant="primary", elem_id="generate-btn"),
+                       stop_btn=gr.Button("Stop", variant="stop", elem_id="stop-btn"),
+                       step_btn=gr.Button("Step ▶", elem_id="step-btn"))
+    step_mode = gr.Checkbox(False, label="Step mode (classroom): pause after every step; "
+                            "press Step to advance", elem_id="step-mode")
+    return dict(prompt=prompt, step_mode=step_mode, **buttons)
+
+
+def _settings_column(ctx: AppContext) -> dict:
+    """The method, max_new_tokens, and the tree and sampling accordions: one control per
+    setting of the specification (``SETTINGS``), in its accordion (``FOLDED``)."""
+    method = SETTING["method"].default if ctx.has_head else "vanilla"
+    values = page_defaults(ctx.tree_defaults)
+    controls = {"method": gr.Radio(list(SETTING["method"].choices), value=method, label=SETTING["method"].label,
+                                   elem_id="method")}
+    numeric = [s for s in SETTINGS if s.kind in ("int", "float")]
+    for s in numeric:
+        if s.name not in FOLDED:
+            controls[s.name] = setting_control(s, values[s.name], method, ctx.config)
+    preset = None
+    for title in ACCORDIONS.values():
+        with gr.Accordion(title, open=False):
+            if title == ACCORDIONS["tree"]:
+                preset = gr.Dropdown(list(TREE_PRESETS) + [CUSTOM_PRESET], value=AUTO_PRESET,
+                                     label="preset (total / depth / top_k)", elem_id="tree-preset",
+                                     info="the fastest tree depends on the hardware: compare them in the race")
+            for s in numeric:
+                if FOLDED.get(s.name) == title:
+                    controls[s.name] = setting_control(s, values[s.name], method, ctx.config)
+    return dict(controls=controls, preset=preset)
+
+
+def _run_panels() -> dict:
+    """The live run: status, token stream, tree, speedup, race, the replay slider, phases."""
+    out = {"status": gr.Markdown("", elem_id="status")}
+    with gr.Row():
+        with gr.Column(scale=1):
+            out["stream"] = gr.HTML(handlers.stream_html([]), label="Token stream", elem_id="token-stream")
+            gr.HTML(legend_html())
+        with gr.Column(scale=1):
+            out["tree"] = gr.Plot(label="Draft tree of the current step", elem_id="tree-plot")
+    with gr.Row():
+        with gr.Column(scale=1):
+            out["speedup"] = gr.Markdown("", elem_id="speedup")
+        with gr.Column(scale=1):
+            out["race"] = gr.Plot(label="Speed race", elem_id="race-plot")
+    with gr.Group():
+        out["slider"] = gr.Slider(0, 1, value=0, step=1, label="Step replay: drag through the steps",
+                                  elem_id="step-slider")
+        out["phases"] = gr.Markdown(handlers.phase_account(None), elem_id="phases")
+    return out
+
+
+def _explorer_tab(cfg: ServerConfig) -> dict:
+    gr.Markdown("Run the prompt once per value of one knob, a tree knob or the temperature "
+                f"(other settings as above, at most {cfg.explore_max_new_tokens} tokens per run) "
+                "and compare. A knob must shape the chosen method's tree.")
+    with gr.Row():
+        parts = dict(knob=gr.Dropdown(list(SWEEP_KNOBS), value="total_tokens", label="knob", elem_id="explore-knob"),
+                     start=gr.Number(8, label="from", elem_id="explore-start"),
+                     stop_value=gr.Number(48, label="to", elem_id="explore-stop"),
+                     count=gr.Slider(2, cfg.explore_max_values, value=4, step=1, label="values",
+                                     elem_id="explore-count"))
+    parts["explore_btn"] = gr.Button("Run sweep", elem_id="explore-btn")
+    views = dict(explorer_status=gr.Markdown("", elem_id="explore-status"),
+                 explorer_plot=gr.Plot(label="Sweep", elem_id="explore-plot"))
+    return dict(parts, views=views)
+
+
+def _tree_size_tab(ctx: AppContext) -> None:
+    if ctx.tree_choice is not None:
+        gr.Markdown(choice_markdown(ctx.tree_choice), elem_id="tree-size-text")
+        gr.Plot(choice_figure(ctx.tree_choice), label="Cost curve and predicted speed", elem_id="tree-size-plot")
+    else:
+        gr.Markdown(TREE_SIZE_NOT_MEASURED, elem_id="tree-size-text")
+
+
+def _traces_tab(demos: dict[str, str]) -> dict:
+    gr.Markdown("Download this run as JSON (settings + every step record), or load one — "
+                "replay needs no model at all.")
+    download = gr.DownloadButton("Download trace (.json)", interactive=False, elem_id="trace-download")
+    upload = gr.File(label="Load a trace (.json)", file_types=[".json"], type="filepath", elem_id="trace-upload")
+    with gr.Row():
+        demo_choice = gr.Dropdown(list(demos), value=next(iter(demos), None), label="Recorded demos",
+                                  elem_id="demo-choice")
+        demo_btn = gr.Button("Show demo", elem_id="demo-btn")
+    return dict(upload=upload, demo_choice=demo_choice, demo_btn=demo_btn, views={"trace_file": download})
+
+
+def _tabs(ctx: AppContext, demos: dict[str, str]) -> dict:
+    with gr.Tabs():
+        with gr.Tab("Insights"):
+            with gr.Row():
+                views = dict(depth=gr.Plot(label="Acceptance by depth", elem_id="depth-plot"),
+                             calibration=gr.Plot(label="Calibration", elem_id="calibration-plot"),
+                             per_step=gr.Plot(label="Tokens per step", elem_id="per-step-plot"))
+        with gr.Tab("Threshold explorer"):
+            explorer = _explorer_tab(ctx.config)
+        with gr.Tab("Tree size for this machine", elem_id="tree-size-tab"):
+            _tree_size_tab(ctx)
+        with gr.Tab("Traces"):
+            traces_tab = _traces_tab(demos)
+        with gr.Tab("How EAGLE-2 works"):
+            gr.Markdown(HOW_IT_WORKS)
+            gr.HTML(legend_html())
+    views.update(explorer.pop("views"), **traces_tab.pop("views"))
+    return dict(explorer, **traces_tab, views=views)
+
+
+def build_layout(ctx: AppContext, demos: dict[str, str]) -> Components:
+    """Every component of the page, inside the caller's ``gr.Blocks``; no events."""
+    session = gr.State(Session(), time_to_live=ctx.config.session_ttl_s, delete_callback=close_session)
+    gr.Markdown("# EAGLE Lens — watch speculative decoding think\n" + ctx.model_note)
+    if ctx.head_missing:
+        gr.Markdown(f"⚠️ {ctx.head_missing}", elem_id="head-warning")
+    with gr.Row():
+        with gr.Column(scale=3):
+            left = _prompt_column(ctx.config)
+        with gr.Column(scale=2):
+            right = _settings_column(ctx)
+    outputs = _run_panels()
+    tabs = _tabs(ctx, demos)
+    outputs.update(tabs.pop("views"))
+    controls = {"prompt": left.pop("prompt"), **right["controls"]}
+    return Components(session=session, controls=controls, preset=right["preset"], outputs=outputs, **left, **tabs)
+
+
+# --- wiring -----------------------------------------------------------------------------------
+
+def wire(demo: gr.Blocks, c: Components, ctx: AppContext, demos: dict[str, str]) -> None:
+    """Every event of the page, inside ``demo``'s context."""
+    engine_events = wire_engine(c, ctx)
+    wire_stop(c, engine_events)
+    wire_knobs(c, ctx.tree_defaults)
+    wire_replay_and_traces(demo, c, ctx, demos)
+
+
+def wire_engine(c: Components, ctx: AppContext) -> list:
+    """Generate (button and Enter), Step and the explorer: the events that run the model, on
+    one worker (``ENGINE``). Each validates its inputs once, in its validator (see
+    ``settings_validator``). Returns the events, for Stop to cancel."""
+    checked = Checked()
+    run_outputs = c.views(RUN_VIEWS)
+    # preprocess=False: the raw JSON values reach the handlers, whose own validation names
+    # the parameter and its range in every message (the components' checks would not).
+    engine_events = dict(concurrency_limit=1, concurrency_id=ENGINE, preprocess=False)
+
+    def check_generate(*values):
+        return handlers.check_generate(ctx, dict(zip(SETTING_NAMES, values)), values[-1])
+
+    def check_explore(*values):
+        return handlers.check_explore(ctx, *values[:4], dict(zip(SETTING_NAMES, values[4:])))
+
     def next_step(session: Session):
         yield from _stream(handlers.step(ctx, session), RUN_VIEWS)
 
-    @gpu
-    def explore(knob: str, start: float, stop: float, count: int, prompt: str, method: str,
-                max_new_tokens: int, temperature: float, top_p: float, seed: int, depth: int, top_k: int,
-                total_tokens: int, tau_high: float, tau_low: float, min_confidence: float, session: Session):
-        raw = dict(prompt=prompt, method=method, max_new_tokens=max_new_tokens, temperature=temperature,
-                   top_p=top_p, seed=seed, depth=depth, top_k=top_k, total_tokens=total_tokens,
-                   tau_high=tau_high, tau_low=tau_low, min_confidence=min_confidence)
-        yield from _stream(handlers.explore(ctx, session, knob, start, stop, count, **raw), EXPLORE_VIEWS)
+    generate = make_generate(ctx, checked)
+    generate_validator = settings_validator(check_generate, SETTING_NAMES + ("step_mode", None), checked)
+    inputs = c.settings + [c.step_mode, c.session]
+    events = [c.generate_btn.click(generate, inputs, run_outputs, api_name="generate", validator=generate_validator,
+                                   **engine_events),
+              c.controls["prompt"].submit(generate, inputs, run_outputs, api_visibility="private",
+                                          validator=generate_validator, **engine_events)]
+    events.append(c.step_btn.click(precheck(handlers.check_step), [c.session], None, api_visibility="private")
+                  .success(gpu(next_step), [c.session], run_outputs, api_name="step", **engine_events))
+    events.append(c.explore_btn.click(
+        make_explore(ctx, checked), [c.knob, c.start, c.stop_value, c.count] + c.settings + [c.session],
+        c.views(EXPLORE_VIEWS), api_name="explore",
+        validator=settings_validator(check_explore, handlers.SWEEP_FIELDS + SETTING_NAMES + (None,), checked),
+        **engine_events))
+    return events
 
+
+def wire_stop(c: Components, engine_events: list) -> None:
     def stop(session: Session):
         return _once(lambda: handlers.stop(session), RUN_VIEWS)
 
-    def replay(session: Session, index: float):
-        return _once(lambda: handlers.replay_view(session, index), REPLAY_VIEWS)
+    c.stop_btn.click(stop, [c.session], c.views(RUN_VIEWS), api_name="stop", cancels=engine_events)
 
-    def load_trace(session: Session, path):
-        return _once(lambda: handlers.load_trace_file(ctx, session, path), RUN_VIEWS)
 
-    def load_demo(session: Session, name: str):
-        return _once(lambda: handlers.load_demo(ctx, session, demos, name), RUN_VIEWS)
+def wire_knobs(c: Components, tree0: TreeConfig) -> None:
+    """The tree knobs: a method change enables the knobs that shape its tree; a preset moves
+    three knobs; a knob moved by hand updates the preset menu. No engine work, so no queue."""
+    c.controls["method"].change(applicability, [c.controls["method"]], [c.controls[k] for k in TREE_KNOBS],
+                                queue=False, api_visibility="private", show_progress="hidden")
+    sizes = [c.controls[k] for k in ("depth", "top_k", "total_tokens")]
 
     def choose_preset(name: str):
         """(depth, top_k, total_tokens) of a named tree (requests.TREE_PRESETS) for the sliders;
@@ -177,178 +492,45 @@ def build_demo(ctx: AppContext, demos: dict[str, str] | None = None) -> gr.Block
         """The preset menu's entry after the user moved a knob: the preset it now matches, or custom."""
         return preset_of(depth, top_k, total_tokens, tree0)
 
-    def settings_validator(before: int):
-        """Gradio's event validator for an engine event whose request settings (``SETTINGS``)
-        start at input ``before``: a bad setting is shown under its own control and the event
-        never starts, so the page keeps the run it shows. (Raising ``gr.Error`` from the event
-        instead marks every output of the run as failed and blanks its plots.) Values pass
-        unchanged when only the event can judge them (``request_problems``)."""
+    c.preset.input(choose_preset, [c.preset], sizes, api_name="tree_preset", queue=False, preprocess=False)
+    for knob_slider in sizes:   # moved by hand: the menu follows
+        knob_slider.input(name_preset, sizes, [c.preset], queue=False, preprocess=False,
+                          api_visibility="private", show_progress="hidden", trigger_mode="always_last")
 
-        def validate(*values):
-            raw = dict(zip(SETTINGS, values[before:before + len(SETTINGS)]))
-            try:
-                problems = handlers.request_problems(ctx, raw)
-            except Exception:  # noqa: BLE001 — never fail here: the event's own checks answer then
-                problems = {}
-            for name, message in list(problems.items()):
-                if name in FOLDED:   # its control may sit in a closed accordion: say it by the prompt too
-                    problems["prompt"] = f"{FOLDED[name]}: {message}"
-            names = [None] * before + list(SETTINGS) + [None] * (len(values) - before - len(SETTINGS))
-            return [gr.validate(name not in problems, problems.get(name, "")) for name in names]
 
-        return validate
+def wire_replay_and_traces(demo: gr.Blocks, c: Components, ctx: AppContext, demos: dict[str, str]) -> None:
+    """The replay slider, trace upload, the shipped demos, and the first demo on page load."""
+    run_outputs = c.views(RUN_VIEWS)
 
-    def precheck(check):
-        """A click's pre-check, an event with no outputs before the event itself (chained with
-        ``.success``; queued, since Gradio shows no message for an error outside the queue, but
-        not behind the engine's worker). A refusal is then only a toast: an error raised by the
-        event itself would mark every one of its outputs as failed and blank the run on the
-        page. The event still makes the same check (for API callers, and for a state that
-        changed in between). For events whose inputs can show a message (generate, the sweep)
-        ``settings_validator`` does this job, closer to the control."""
+    def replay(session: Session, index: float):
+        return _once(lambda: handlers.replay_view(session, index), REPLAY_VIEWS)
 
-        def run(*args):
-            with page_errors():
-                check(*args)
+    def load_trace(session: Session, path):
+        return _once(lambda: handlers.load_trace_file(ctx, session, path), RUN_VIEWS)
 
-        return run
+    def load_demo(session: Session, name: str):
+        return _once(lambda: handlers.load_demo(ctx, session, demos, name), RUN_VIEWS)
 
     def first_demo(session: Session):
         """On page load: show the first shipped trace, so a visitor sees a demo at once."""
-        if not demos:
-            return _outputs({}, RUN_VIEWS)
-        return load_demo(session, next(iter(demos)))
+        return load_demo(session, next(iter(demos))) if demos else _outputs({}, RUN_VIEWS)
 
-    # --- layout --------------------------------------------------------------------------------
+    slider = c.outputs["slider"]
+    slider.input(replay, [c.session, slider], c.views(REPLAY_VIEWS), api_name="replay",
+                 trigger_mode="always_last", preprocess=False)
+    c.upload.upload(precheck(lambda path: handlers.read_trace_file(ctx, path)), [c.upload], None,
+                    api_visibility="private").success(load_trace, [c.session, c.upload], run_outputs,
+                                                      api_name="load_trace")
+    c.demo_btn.click(load_demo, [c.session, c.demo_choice], run_outputs, api_name="load_demo", preprocess=False)
+    demo.load(first_demo, [c.session], run_outputs, api_visibility="private")
 
-    default_method = DEFAULTS["method"] if ctx.has_head else "vanilla"
+
+def build_demo(ctx: AppContext, demos: dict[str, str] | None = None) -> gr.Blocks:
+    """The whole page for one server context: layout, then wiring. Tests pass a tiny-model context."""
+    demos = demo_traces() if demos is None else demos
     with gr.Blocks(title="EAGLE Lens", delete_cache=(3600, 3600)) as demo:
-        session = gr.State(Session(), time_to_live=cfg.session_ttl_s, delete_callback=close_session)
-        gr.Markdown("# EAGLE Lens — watch speculative decoding think\n" + ctx.model_note)
-        if ctx.head_missing:
-            gr.Markdown(f"⚠️ {ctx.head_missing}", elem_id="head-warning")
-        with gr.Row():
-            with gr.Column(scale=3):
-                prompt = gr.Textbox(label="Prompt", lines=3, elem_id="prompt", max_length=cfg.max_prompt_chars,
-                                    placeholder="Ask something, or pick an example below")
-                gr.Examples([[p] for _, p in EXAMPLES], inputs=[prompt],
-                            example_labels=[f"{cat}: {p[:48]}…" for cat, p in EXAMPLES], label="Examples")
-                with gr.Row():
-                    generate_btn = gr.Button("Generate", variant="primary", elem_id="generate-btn")
-                    stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn")
-                    step_btn = gr.Button("Step ▶", elem_id="step-btn")
-                step_mode = gr.Checkbox(False, label="Step mode (classroom): pause after every step; "
-                                        "press Step to advance", elem_id="step-mode")
-            with gr.Column(scale=2):
-                method = gr.Radio(list(UI_METHODS), value=default_method, label="Method", elem_id="method")
-                max_new_tokens = gr.Slider(1, cfg.max_new_tokens, value=min(DEFAULTS["max_new_tokens"], cfg.max_new_tokens),
-                                           step=1, label="max new tokens", elem_id="max-new-tokens")
-                with gr.Accordion("Tree knobs", open=False):
-                    preset = gr.Dropdown(list(TREE_PRESETS) + [CUSTOM_PRESET], value=AUTO_PRESET, label="preset (total / depth / top_k)",
-                                         info="the fastest tree depends on the hardware: compare them in the race",
-                                         elem_id="tree-preset")
-                    depth = gr.Slider(1, MAX_DEPTH, value=tree0.depth, step=1, label="depth (draft levels)", elem_id="depth")
-                    top_k = gr.Slider(1, MAX_TOP_K, value=tree0.top_k, step=1, label="top_k (branching)", elem_id="top-k")
-                    total_tokens = gr.Slider(1, 128, value=tree0.total_tokens, step=1,
-                                             label="total_tokens (nodes verified)", elem_id="total-tokens")
-                    tau_high = gr.Slider(0, 1, value=tree0.tau_high, step=0.01, label="tau_high (threshold: 2 children)", elem_id="tau-high")
-                    tau_low = gr.Slider(0, 1, value=tree0.tau_low, step=0.01, label="tau_low (threshold: 1 child)", elem_id="tau-low")
-                    min_confidence = gr.Slider(0, 1, value=tree0.min_confidence, step=0.01,
-                                               label="min_confidence (drop nodes below)", elem_id="min-confidence")
-                with gr.Accordion("Sampling", open=False):
-                    temperature = gr.Slider(0, 2, value=0.0, step=0.05, label="temperature (0 = greedy)", elem_id="temperature")
-                    top_p = gr.Slider(0.01, 1, value=1.0, step=0.01, label="top_p", elem_id="top-p")
-                    seed = gr.Number(0, precision=0, minimum=0, label="seed", elem_id="seed")
-        status = gr.Markdown("", elem_id="status")
-        with gr.Row():
-            with gr.Column(scale=1):
-                stream = gr.HTML(handlers.stream_html([]), label="Token stream", elem_id="token-stream")
-                gr.HTML(legend_html())
-            with gr.Column(scale=1):
-                tree_plot = gr.Plot(label="Draft tree of the current step", elem_id="tree-plot")
-        with gr.Row():
-            with gr.Column(scale=1):
-                speedup = gr.Markdown("", elem_id="speedup")
-            with gr.Column(scale=1):
-                race = gr.Plot(label="Speed race", elem_id="race-plot")
-        with gr.Group():
-            slider = gr.Slider(0, 1, value=0, step=1, label="Step replay: drag through the steps",
-                               elem_id="step-slider")
-            phases = gr.Markdown(handlers.phase_account(None), elem_id="phases")
-        with gr.Tabs():
-            with gr.Tab("Insights"):
-                with gr.Row():
-                    depth_plot = gr.Plot(label="Acceptance by depth", elem_id="depth-plot")
-                    calibration_plot = gr.Plot(label="Calibration", elem_id="calibration-plot")
-                    per_step_plot = gr.Plot(label="Tokens per step", elem_id="per-step-plot")
-            with gr.Tab("Threshold explorer"):
-                gr.Markdown("Run the prompt once per value of one knob, a tree knob or the temperature "
-                            f"(other settings as above, at most {cfg.explore_max_new_tokens} tokens per run) "
-                            "and compare.")
-                with gr.Row():
-                    knob = gr.Dropdown(list(SWEEP_KNOBS), value="total_tokens", label="knob", elem_id="explore-knob")
-                    start = gr.Number(8, label="from", elem_id="explore-start")
-                    stop_value = gr.Number(48, label="to", elem_id="explore-stop")
-                    count = gr.Slider(2, cfg.explore_max_values, value=4, step=1, label="values", elem_id="explore-count")
-                explore_btn = gr.Button("Run sweep", elem_id="explore-btn")
-                explorer_status = gr.Markdown("", elem_id="explore-status")
-                explorer_plot = gr.Plot(label="Sweep", elem_id="explore-plot")
-            with gr.Tab("Tree size for this machine", elem_id="tree-size-tab"):
-                if ctx.tree_choice is not None:
-                    gr.Markdown(choice_markdown(ctx.tree_choice), elem_id="tree-size-text")
-                    gr.Plot(choice_figure(ctx.tree_choice), label="Cost curve and predicted speed",
-                            elem_id="tree-size-plot")
-                else:
-                    gr.Markdown(TREE_SIZE_NOT_MEASURED, elem_id="tree-size-text")
-            with gr.Tab("Traces"):
-                gr.Markdown("Download this run as JSON (settings + every step record), or load one — "
-                            "replay needs no model at all.")
-                download = gr.DownloadButton("Download trace (.json)", interactive=False, elem_id="trace-download")
-                upload = gr.File(label="Load a trace (.json)", file_types=[".json"], type="filepath", elem_id="trace-upload")
-                with gr.Row():
-                    demo_choice = gr.Dropdown(list(demos), value=next(iter(demos), None), label="Recorded demos",
-                                              elem_id="demo-choice")
-                    demo_btn = gr.Button("Show demo", elem_id="demo-btn")
-            with gr.Tab("How EAGLE-2 works"):
-                gr.Markdown(HOW_IT_WORKS)
-                gr.HTML(legend_html())
-
-        # --- wiring ----------------------------------------------------------------------------
-        run_outputs = [status, stream, tree_plot, speedup, race, slider, phases, depth_plot,
-                       calibration_plot, per_step_plot, download]
-        controls = dict(prompt=prompt, method=method, max_new_tokens=max_new_tokens, temperature=temperature,
-                        top_p=top_p, seed=seed, depth=depth, top_k=top_k, total_tokens=total_tokens,
-                        tau_high=tau_high, tau_low=tau_low, min_confidence=min_confidence)
-        settings = [controls[name] for name in SETTINGS]   # the order the events (and the validator) take
-        # preprocess=False: the raw JSON values reach the handlers, whose own validation names
-        # the parameter and its range in every message (the components' checks would not).
-        engine_events = dict(concurrency_limit=1, concurrency_id=ENGINE, preprocess=False)
-        gen_event = generate_btn.click(generate, settings + [step_mode, session], run_outputs,
-                                       api_name="generate", validator=settings_validator(0), **engine_events)
-        submit_event = prompt.submit(generate, settings + [step_mode, session], run_outputs,
-                                     api_visibility="private", validator=settings_validator(0), **engine_events)
-        step_event = step_btn.click(precheck(handlers.check_step), [session], None,
-                                    api_visibility="private").success(
-            next_step, [session], run_outputs, api_name="step", **engine_events)
-        explore_event = explore_btn.click(explore, [knob, start, stop_value, count] + settings + [session],
-                                          [explorer_plot, explorer_status], api_name="explore",
-                                          validator=settings_validator(4), **engine_events)
-        stop_btn.click(stop, [session], run_outputs, api_name="stop",
-                       cancels=[gen_event, submit_event, step_event, explore_event])
-        # a preset only moves the sliders: no engine work, so no queue
-        preset.input(choose_preset, [preset], [depth, top_k, total_tokens], api_name="tree_preset",
-                     queue=False, preprocess=False)
-        for knob_slider in (depth, top_k, total_tokens):   # moved by hand: the menu follows
-            knob_slider.input(name_preset, [depth, top_k, total_tokens], [preset], queue=False, preprocess=False,
-                              api_visibility="private", show_progress="hidden", trigger_mode="always_last")
-        slider.input(replay, [session, slider], [stream, tree_plot, phases], api_name="replay",
-                     trigger_mode="always_last", preprocess=False)
-        upload.upload(precheck(lambda path: handlers.read_trace_file(ctx, path)), [upload], None,
-                      api_visibility="private").success(load_trace, [session, upload], run_outputs,
-                                                        api_name="load_trace")
-        demo_btn.click(load_demo, [session, demo_choice], run_outputs, api_name="load_demo", preprocess=False)
-        demo.load(first_demo, [session], run_outputs, api_visibility="private")
-    demo.queue(max_size=cfg.queue_size, default_concurrency_limit=4)
+        wire(demo, build_layout(ctx, demos), ctx, demos)
+    demo.queue(max_size=ctx.config.queue_size, default_concurrency_limit=4)
     calm_queue_polling(demo)
     return demo
 

@@ -13,22 +13,20 @@ and only the latest step's tree. The race's clock is the engine's own per-step t
 """
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 import time
 import uuid
-from dataclasses import replace
+from dataclasses import dataclass
 
-import numpy as np
-
-from app.engine.config import SamplingConfig, TreeConfig
+from app.engine.config import SETTING, TreeConfig, shown
 from app.engine.events import StepEvent, decoding_steps
 from app.ui import traces
 from app.engine.threads import engine_probe
 from app.ui.pump import BackgroundRun
 from app.ui.race import VANILLA, interleave
-from app.ui.requests import (INT_KNOBS, MAX_TEMPERATURE, SWEEP_KNOBS, TREE_KNOBS, Request, build_request,
-                              setting_of)
+from app.ui.requests import SETTING_NAMES, SWEEP_KNOBS, Request, build_request, setting_of
 from app.ui.session import Session, VanillaRun
 from app.ui.settings import AppContext
 from app.viz.insights import calibration_figure, depth_figure, explorer_figure, tokens_per_step_figure
@@ -183,9 +181,10 @@ def replay_view(session: Session, index) -> dict:
     steps = session.steps
     if not steps:
         return {"phases": phase_account(None)}
-    if isinstance(index, bool) or not isinstance(index, (int, float)) or not np.isfinite(index):
-        raise ValueError(f"step must be a number, got {index!r}")
-    i = int(min(max(int(index), 0), len(steps) - 1))
+    if isinstance(index, bool) or not isinstance(index, (int, float)) or (
+            isinstance(index, float) and not math.isfinite(index)):
+        raise ValueError(f"step must be a number, got {shown(index)}")
+    i = min(max(int(index), 0), len(steps) - 1)
     return {"stream": stream_html(steps, upto=i, highlight=i), "tree": tree_figure(steps[i]),
             "phases": phase_account(steps[i], len(steps))}
 
@@ -209,21 +208,35 @@ def parse(ctx: AppContext, raw: dict) -> Request:
     return request
 
 
-def request_problems(ctx: AppContext, raw: dict) -> dict[str, str]:
-    """{setting: message} for a request that cannot run, {} for one that can.
+def _check_step_mode(step_mode) -> None:
+    if not isinstance(step_mode, bool):
+        raise ValueError(f"step_mode must be true or false, got {shown(step_mode)}")
 
-    The same checks as a run makes before any model work (``parse``, then the engine's own
-    ``check_request``: prompt + max_new_tokens must fit the model's context), without running
-    anything. Only a problem with one named setting is returned; any other (no model on this
-    server) is left to the run itself, which reports it as a page-wide error.
-    """
+
+def check_generate(ctx: AppContext, raw: dict, step_mode=False) -> Request:
+    """Every check a Generate click gets before any model work: the settings (``parse``),
+    step_mode, and the engine's own ``check_request`` (prompt + max_new_tokens must fit the
+    model's context). The page's event validator runs this once per click."""
+    request = parse(ctx, raw)
+    _check_step_mode(step_mode)
+    ctx.engine.check_request(ctx.engine.encode_prompt(request.prompt), request.tree, request.max_new_tokens)
+    return request
+
+
+def judge(check, names=SETTING_NAMES) -> tuple[object | None, dict[str, str]]:
+    """Run ``check()``: (its result, {}) when it passes, (None, {name: message}) when it
+    refuses one of ``names`` (the message's first word), (None, {}) when it refuses anything
+    else (no model on this server): the event itself reports that, as a page-wide error."""
     try:
-        request = parse(ctx, raw)
-        ctx.engine.check_request(ctx.engine.encode_prompt(request.prompt), request.tree, request.max_new_tokens)
+        return check(), {}
     except ValueError as exc:
-        name = setting_of(exc)
-        return {name: str(exc)} if name else {}
-    return {}
+        name = setting_of(exc, names)
+        return None, ({name: str(exc)} if name else {})
+
+
+def request_problems(ctx: AppContext, raw: dict) -> dict[str, str]:
+    """{setting: message} for a request that cannot run, {} for one that can (``judge``)."""
+    return judge(lambda: check_generate(ctx, raw))[1]
 
 
 def _run_vanilla(ctx: AppContext, session: Session, request: Request):
@@ -289,14 +302,18 @@ def _raced(ctx: AppContext, eagle, vanilla):
     yield from interleave(eagle, vanilla, RACE_CHUNK_TOKENS)
 
 
-def generate(ctx: AppContext, session: Session, step_mode: bool = False, race: bool = True, **raw):
+def generate(ctx: AppContext, session: Session, step_mode: bool = False, race: bool = True,
+             request: Request | None = None, **raw):
     """Generate: stream the EAGLE run with a fresh vanilla run interleaved in chunks (the race;
     ``race=False`` skips it). Stop sets ``session.stop_requested``, which ends this generator
     at its next update; closing it (Gradio's cancel, a closed tab) does the same. Either way
-    the engine's thread ends generation after the current step."""
-    request = parse(ctx, raw)
-    if not isinstance(step_mode, bool):
-        raise ValueError(f"step_mode must be true or false, got {step_mode!r}")
+    the engine's thread ends generation after the current step.
+
+    ``request``: these raw values as already validated (by the page's event validator,
+    ``check_generate``); without it they are validated here."""
+    if request is None:
+        request = parse(ctx, raw)
+        _check_step_mode(step_mode)
     if not isinstance(race, bool):
         raise ValueError(f"race must be true or false, got {race!r}")
     with session.running():
@@ -464,7 +481,7 @@ def load_trace_file(ctx: AppContext, session: Session, path) -> dict:
 def load_demo(ctx: AppContext, session: Session, demos: dict, name) -> dict:
     """A shipped trace, chosen by name from the server's own list (never a path from the page)."""
     if not isinstance(name, str) or name not in demos:
-        raise ValueError(f"unknown demo trace {name!r}")
+        raise ValueError(f"unknown demo trace {shown(name)}")
     with open(demos[name], "rb") as f:
         trace = traces.parse_trace(f.read(), ctx.config.trace_max_bytes)
     return show_trace(session, trace, name)
@@ -472,32 +489,81 @@ def load_demo(ctx: AppContext, session: Session, demos: dict, name) -> dict:
 
 # --- threshold explorer ----------------------------------------------------------------------
 
+SWEEP_FIELDS = ("knob", "start", "stop", "count")   # the explorer's own inputs, before the settings
+
+
+def _finite(name: str, value) -> float:
+    try:
+        ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(float(value))
+    except OverflowError:   # an int past float's range
+        ok = False
+    if not ok:
+        raise ValueError(f"{name} must be a finite number, got {shown(value)}")
+    return float(value)
+
+
 def sweep_values(knob: str, start, stop, count, max_values: int) -> list:
     """The values to try: ``count`` evenly spaced in [start, stop], integers for integer knobs."""
-    if knob not in SWEEP_KNOBS:
-        raise ValueError(f"knob must be one of {', '.join(SWEEP_KNOBS)}, got {knob!r}")
-    from app.ui.requests import as_float, as_int
+    if not isinstance(knob, str) or knob not in SWEEP_KNOBS:
+        raise ValueError(f"knob must be one of {', '.join(SWEEP_KNOBS)}, got {shown(knob)}")
+    start, stop = _finite("start", start), _finite("stop", stop)
+    if isinstance(count, float) and count.is_integer():
+        count = int(count)
+    if isinstance(count, bool) or not isinstance(count, int) or not 2 <= count <= max_values:
+        raise ValueError(f"count must be an integer in [2, {max_values}], got {shown(count)}")
+    # (1 - t) * start + t * stop stays finite for finite ends; start + t * (stop - start) does
+    # not (1e308 - -1e308 = inf, and 0 * inf = nan)
+    values = [(1 - i / (count - 1)) * start + i / (count - 1) * stop for i in range(count)]
+    values = [v for v in values if math.isfinite(v)]
+    if SETTING[knob].kind == "int":
+        return sorted({round(v) for v in values})
+    return [round(v, 4) for v in values]
 
-    start, stop = as_float("start", start), as_float("stop", stop)
-    count = as_int("count", count)
-    if not 2 <= count <= max_values:
-        raise ValueError(f"count must be an integer in [2, {max_values}], got {count}")
-    values = np.linspace(start, stop, count)
-    if knob in INT_KNOBS:
-        return sorted({int(round(v)) for v in values})
-    return [round(float(v), 4) for v in values]
+
+@dataclass(frozen=True)
+class Sweep:
+    """A validated explorer run: one full request per value of the knob, each checked like
+    a Generate click, and the values that cannot run with the reason."""
+
+    knob: str
+    runs: list[tuple[object, Request]]
+    skipped: list[str]
 
 
-def explore(ctx: AppContext, session: Session, knob, start, stop, count, **raw):
-    """Run the prompt once per value of one knob (a tree knob or the temperature); plot τ and
-    tokens/s against it."""
+def check_explore(ctx: AppContext, knob, start, stop, count, raw: dict) -> Sweep:
+    """Every check an explorer click gets before any model work (the page's event validator
+    runs this once per click). Messages name the field: knob, start, stop, count or a setting."""
     request = parse(ctx, raw)
     if not request.tree.uses_draft:
-        raise ValueError("The threshold explorer varies tree knobs: choose an EAGLE method, not vanilla.")
+        raise ValueError("method vanilla drafts no tree: choose an EAGLE method to explore its knobs")
     values = sweep_values(knob, start, stop, count, ctx.config.explore_max_values)
+    method = request.tree.method
+    if not SETTING[knob].applies_to(method):
+        raise ValueError(f"knob {knob} does nothing under method {method} ({SETTING[knob].why_not(method)}): "
+                         "choose a method it shapes, or another knob")
     n = min(request.max_new_tokens, ctx.config.explore_max_new_tokens)
+    prompt_ids = ctx.engine.encode_prompt(request.prompt)
+    runs, skipped = [], []
+    for value in values:
+        try:
+            run = build_request(ctx.config.limits, **{**request.settings(), knob: value, "max_new_tokens": n})
+            ctx.engine.check_request(prompt_ids, run.tree, run.max_new_tokens)
+        except ValueError as exc:
+            skipped.append(f"{knob}={shown(value)}: {exc}")
+            continue
+        runs.append((value, run))
+    if not runs:
+        raise ValueError(f"start and stop give no {knob} value that can run: {skipped[0] if skipped else ''}")
+    return Sweep(knob, runs, skipped)
+
+
+def explore(ctx: AppContext, session: Session, knob, start, stop, count, sweep: Sweep | None = None, **raw):
+    """Run the prompt once per value of one knob (a tree knob or the temperature); plot τ and
+    tokens/s against it. ``sweep``: these inputs as already validated (``check_explore``)."""
+    if sweep is None:
+        sweep = check_explore(ctx, knob, start, stop, count, raw)
     with session.running():
-        yield from _explore(ctx, session, knob, request, values, n)
+        yield from _explore(ctx, session, sweep)
 
 
 def _run_to_summary(events):
@@ -508,32 +574,21 @@ def _run_to_summary(events):
         events.close()
 
 
-def _explore(ctx: AppContext, session: Session, knob: str, request: Request, values: list, n: int):
-    results, skipped = [], []
-    for i, value in enumerate(values):
+def _explore(ctx: AppContext, session: Session, sweep: Sweep):
+    knob, total, results = sweep.knob, len(sweep.runs), []
+    for i, (value, run) in enumerate(sweep.runs):
         if session.stop_requested:
-            yield {"explorer_status": f"stopped after {len(results)} of {len(values)} values."}
+            yield {"explorer_status": f"stopped after {len(results)} of {total} values."}
             return
-        tree, sampling = request.tree, request.sampling
-        try:
-            if knob == "temperature":
-                if value > MAX_TEMPERATURE:
-                    raise ValueError(f"temperature must be at most {MAX_TEMPERATURE:g} here")
-                sampling = replace(sampling, temperature=value)
-            else:
-                tree = replace(tree, **{knob: value})
-        except ValueError as exc:
-            skipped.append(f"{knob}={value}: {exc}")
-            continue
-        yield {"explorer_status": f"running {knob} = {value} ({i + 1}/{len(values)}, {n} tokens each)…"}
-        events = ctx.engine.generate(request.prompt, tree=tree, sampling=sampling, max_new_tokens=n)
+        yield {"explorer_status": f"running {knob} = {value} ({i + 1}/{total}, {run.max_new_tokens} tokens each)…"}
+        events = ctx.engine.generate(run.prompt, tree=run.tree, sampling=run.sampling,
+                                     max_new_tokens=run.max_new_tokens)
         summary = ctx.engine_thread.call(_run_to_summary, events)
         results.append({"value": value, "mean_accepted": summary.mean_accepted, "tokens_per_s": summary.tokens_per_s})
         yield {"explorer_plot": explorer_figure(knob, results)}
-    best = max(results, key=lambda r: r["tokens_per_s"]) if results else None
+    best = max(results, key=lambda r: r["tokens_per_s"])
     note = (f"best: {knob} = {best['value']} at {best['tokens_per_s']:.1f} tokens/s "
-            f"(τ = {best['mean_accepted']:.2f})." if best else "no valid value to run.")
-    if skipped:
-        note += " Skipped: " + "; ".join(skipped)
+            f"(τ = {best['mean_accepted']:.2f}).")
+    if sweep.skipped:
+        note += " Skipped: " + "; ".join(sweep.skipped)
     yield {"explorer_plot": explorer_figure(knob, results), "explorer_status": note}
-

@@ -1,33 +1,29 @@
 """Turn raw values from the page or the API into validated engine settings.
 
-Anyone can call the API with any JSON, bypassing the sliders, so nothing is trusted: every
-value is type-checked here, then range-checked by the engine's own config classes (which
-raise ``ValueError`` naming the parameter and its range, first word first). The page's event
+Anyone can call the API with any JSON, bypassing the sliders, so nothing is trusted. The
+settings and their ranges are defined once, in ``app.engine.config.SETTINGS``; here each raw
+value is only converted to its setting's type (``Setting.coerce``), then the engine's own
+config classes check the ranges (raising ``ValueError`` whose first word names the setting),
+and the page's lower caps are applied (``Setting.check_page_cap``). The page's event
 validator shows each message under the control it names (``setting_of``); whatever reaches a
 handler becomes a ``gr.Error`` message.
 """
 from __future__ import annotations
 
-import math
+import threading
+from collections import OrderedDict
 from dataclasses import asdict, dataclass
 
-from app.engine.config import SamplingConfig, TreeConfig, check_max_new_tokens, check_prompt
+from app.engine.config import (SETTING, SETTINGS, SamplingConfig, TreeConfig, check_max_new_tokens, check_prompt,
+                               shown)
 
-# The knobs of one request, in the order the API takes them after the first four.
-TREE_KNOBS = ("depth", "top_k", "total_tokens", "tau_high", "tau_low", "min_confidence")
-INT_KNOBS = {"depth", "top_k", "total_tokens", "max_new_tokens", "seed"}
-UI_METHODS = ("dynamic", "static", "chain", "threshold", "vanilla")
-
+# The settings of a request, in the order the page's generate event (and its API) takes them.
+SETTING_NAMES = tuple(s.name for s in SETTINGS)
+# The knobs of the draft tree (the method aside), in that order.
+TREE_KNOBS = tuple(s.name for s in SETTINGS if s.owner == "tree" and s.name != "method")
 # What the explorer can sweep: every tree knob, and the sampling temperature (how acceptance
 # falls as the target's and the draft's distributions flatten).
 SWEEP_KNOBS = TREE_KNOBS + ("temperature",)
-MAX_TEMPERATURE = 2.0   # the page's cap (build_request)
-
-# The settings of a request, in the order the page's generate event takes them.
-SETTINGS = ("prompt", "method", "max_new_tokens", "temperature", "top_p", "seed") + TREE_KNOBS
-
-DEFAULTS = dict(method="dynamic", max_new_tokens=96, temperature=0.0, top_p=1.0, seed=0,
-                **{k: getattr(TreeConfig(), k) for k in TREE_KNOBS})
 
 # Named trees for the knobs, as (total_tokens, depth, top_k), the papers' N/d/k notation. The
 # first is whatever the page starts with (autotune's choice for this machine when it ran, else
@@ -52,7 +48,7 @@ def tree_preset(name, default: TreeConfig) -> tuple[int, int, int] | None:
     if name == CUSTOM_PRESET:
         return None
     if not isinstance(name, str) or name not in TREE_PRESETS:
-        raise ValueError(f"tree preset must be one of {list(TREE_PRESETS) + [CUSTOM_PRESET]}, got {name!r}")
+        raise ValueError(f"tree preset must be one of {list(TREE_PRESETS) + [CUSTOM_PRESET]}, got {shown(name)}")
     shape = TREE_PRESETS[name]
     if shape is None:
         return default.depth, default.top_k, default.total_tokens
@@ -60,8 +56,8 @@ def tree_preset(name, default: TreeConfig) -> tuple[int, int, int] | None:
     return depth, top_k, total
 
 
-def setting_of(exc: ValueError) -> str | None:
-    """Which setting a validation error is about, or None.
+def setting_of(exc: ValueError, names=SETTING_NAMES) -> str | None:
+    """Which of ``names`` (the settings, unless told) a validation error is about, or None.
 
     Every check in this module and in the engine's config classes starts its message with
     the name of the parameter it refuses ("depth must be an integer in [1, 10], got 0"), so
@@ -70,7 +66,7 @@ def setting_of(exc: ValueError) -> str | None:
     """
     words = str(exc).split(maxsplit=1)
     first = words[0].lower() if words else ""
-    return first if first in SETTINGS else None
+    return first if first in names else None
 
 
 def preset_of(depth, top_k, total_tokens, default: TreeConfig) -> str:
@@ -79,23 +75,6 @@ def preset_of(depth, top_k, total_tokens, default: TreeConfig) -> str:
     names a tree the knobs no longer hold."""
     knobs = (depth, top_k, total_tokens)
     return next((name for name in TREE_PRESETS if tree_preset(name, default) == knobs), CUSTOM_PRESET)
-
-
-def as_int(name: str, value) -> int:
-    """An integer from an int, or a float with no fractional part (sliders send floats)."""
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        return int(value)
-    raise ValueError(f"{name} must be an integer, got {value!r}")
-
-
-def as_float(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
-    return float(value)
 
 
 @dataclass(frozen=True)
@@ -107,32 +86,70 @@ class Request:
     sampling: SamplingConfig
     max_new_tokens: int
 
+    def value(self, name: str):
+        """The value of setting ``name`` in this request."""
+        owner = SETTING[name].owner
+        return getattr(self.tree if owner == "tree" else self.sampling if owner == "sampling" else self, name)
+
     def settings(self) -> dict:
-        """The flat settings dict stored in traces and shown on the page."""
-        tree = {k: getattr(self.tree, k) for k in TREE_KNOBS}
-        return dict(prompt=self.prompt, method=self.tree.method, max_new_tokens=self.max_new_tokens,
-                    temperature=self.sampling.temperature, top_p=self.sampling.top_p,
-                    seed=self.sampling.seed, **tree)
+        """The flat settings dict stored in traces and shown on the page (``SETTINGS``' order)."""
+        return {name: self.value(name) for name in SETTING_NAMES}
 
     def vanilla_key(self) -> tuple:
         """What a vanilla run depends on: not the tree knobs, so changing only those reuses it."""
         return (self.prompt, self.max_new_tokens, tuple(sorted(asdict(self.sampling).items())))
 
 
-def build_request(limits, *, prompt, method, max_new_tokens, temperature, top_p=1.0, seed=0,
-                  depth=5, top_k=8, total_tokens=24, tau_high=0.5, tau_low=0.05,
-                  min_confidence=0.0) -> Request:
-    """Validate everything; raise ValueError with a message fit for the page."""
-    check_prompt(prompt, limits.max_prompt_chars)
-    if not isinstance(method, str) or method not in UI_METHODS:
-        raise ValueError(f"method must be one of {', '.join(UI_METHODS)}, got {method!r}")
-    n = check_max_new_tokens(as_int("max_new_tokens", max_new_tokens), limits.max_new_tokens)
-    tree = TreeConfig(method=method, depth=as_int("depth", depth), top_k=as_int("top_k", top_k),
-                      total_tokens=as_int("total_tokens", total_tokens),
-                      tau_high=as_float("tau_high", tau_high), tau_low=as_float("tau_low", tau_low),
-                      min_confidence=as_float("min_confidence", min_confidence))
-    sampling = SamplingConfig(temperature=as_float("temperature", temperature),
-                              top_p=as_float("top_p", top_p), seed=as_int("seed", seed))
-    if sampling.temperature > MAX_TEMPERATURE:
-        raise ValueError(f"temperature must be a number in [0, {MAX_TEMPERATURE:g}] here, got {sampling.temperature}")
+def build_request(limits, **raw) -> Request:
+    """Validate one request's raw values (any JSON; a setting left out takes its default);
+    raise ValueError with a message fit for the page, naming the setting."""
+    for name in raw:
+        if name not in SETTING:
+            raise ValueError(f"{shown(name)} is not a setting; the settings are {', '.join(SETTING_NAMES)}")
+    v = {s.name: s.coerce(raw.get(s.name, s.default)) for s in SETTINGS}
+    prompt = check_prompt(v["prompt"], limits.max_prompt_chars)
+    tree = TreeConfig(**{s.name: v[s.name] for s in SETTINGS if s.owner == "tree"})
+    sampling = SamplingConfig(**{s.name: v[s.name] for s in SETTINGS if s.owner == "sampling"})
+    n = check_max_new_tokens(v["max_new_tokens"], limits.max_new_tokens)
+    for s in SETTINGS:
+        s.check_page_cap(v[s.name])
     return Request(prompt=prompt, tree=tree, sampling=sampling, max_new_tokens=n)
+
+
+class Checked:
+    """What the page's event validator accepted, by the exact raw values it judged, so the
+    event that follows the click runs what the validator built instead of validating again.
+
+    Keys hold each value with its type (1, 1.0 and True are equal in Python, not here);
+    only accepted values, which are small and hashable, are kept, the latest ``size``."""
+
+    def __init__(self, size: int = 256):
+        self._items: OrderedDict = OrderedDict()
+        self._size = size
+        self._lock = threading.Lock()   # the validator and the events run on different threads
+
+    @staticmethod
+    def key(values) -> tuple | None:
+        try:
+            k = tuple((type(v), v) for v in values)
+            hash(k)
+        except TypeError:
+            return None
+        return k
+
+    def put(self, values, checked) -> None:
+        k = self.key(values)
+        if k is None:
+            return
+        with self._lock:
+            self._items[k] = checked
+            self._items.move_to_end(k)
+            while len(self._items) > self._size:
+                self._items.popitem(last=False)
+
+    def get(self, values):
+        k = self.key(values)
+        if k is None:
+            return None
+        with self._lock:
+            return self._items.get(k)

@@ -22,7 +22,7 @@ import json
 import math
 from dataclasses import dataclass
 
-from app.engine.config import METHODS, MAX_DEPTH, MAX_TOTAL_TOKENS
+from app.engine.config import MAX_DEPTH, MAX_TOTAL_TOKENS, METHODS, SETTINGS
 from app.engine.events import STATUSES, DraftTreeRecord, RunSummary, StepEvent
 from app.engine.verify import RULES
 
@@ -32,13 +32,12 @@ VERSIONS = (1, 2)
 MAX_STEPS = 4096
 MAX_TOKEN_ID = 2**31 - 1
 MAX_TEXT = 20_000
-SETTING_KEYS = ("prompt", "method", "max_new_tokens", "temperature", "top_p", "seed", "depth",
-                "top_k", "total_tokens", "tau_high", "tau_low", "min_confidence")
+SETTING_KEYS = tuple(s.name for s in SETTINGS)   # a trace's settings: a request's (app.engine.config)
 STEP_KEYS_V1 = {"type", "step", "method", "tree", "accepted", "bonus", "new_tokens", "text",
                 "draft_ms", "verify_ms", "step_ms"}
 STEP_KEYS = STEP_KEYS_V1 | {"rule", "drafter", "tree_config", "prefill"}
 DRAFTERS = ("eagle2", "eagle3", "medusa", "lookahead", "pld")
-TREE_CONFIG_KEYS = {"method", "depth", "top_k", "total_tokens", "tau_high", "tau_low", "min_confidence"}
+TREE_CONFIG_KEYS = {s.name for s in SETTINGS if s.owner == "tree"}   # TreeConfig's settings
 TREE_KEYS = {"root_token", "tokens", "texts", "parents", "depths", "q", "confidence", "p", "status"}
 SUMMARY_KEYS = {"type", "method", "new_tokens", "seconds", "tokens_per_s", "target_forwards",
                 "mean_accepted", "accepted_by_depth", "token_ids", "text"}
@@ -144,12 +143,10 @@ def _tree_config(where, c) -> dict | None:
     if c["method"] not in METHODS:
         _fail(f"{where}.method", f"must be one of {', '.join(METHODS)}")
     out = {"method": c["method"]}
-    for k in ("depth", "top_k", "total_tokens"):
-        if k in c:
-            out[k] = _int(f"{where}.{k}", c[k], 1, MAX_TOTAL_TOKENS)
-    for k in ("tau_high", "tau_low", "min_confidence"):
-        if k in c:
-            out[k] = _num(f"{where}.{k}", c[k], 0.0, 1.0)
+    for s in SETTINGS:
+        if s.name in c and s.name != "method":
+            check = _int if s.kind == "int" else _num
+            out[s.name] = check(f"{where}.{s.name}", c[s.name], s.lo, s.hi)
     return out
 
 
