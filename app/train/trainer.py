@@ -257,8 +257,12 @@ class TrainConfig:
 
 
 def train(head, target_model, data: FeatureDataset, run_dir: Path, loss_cfg: LossConfig,
-          cfg: TrainConfig, progress: bool = True, vocab_ids: torch.Tensor | None = None) -> dict:
+          cfg: TrainConfig, progress: bool = True, vocab_ids: torch.Tensor | None = None,
+          loss_fn=None) -> dict:
     """Train ``head`` in place, checkpointing to ``run_dir`` (and resuming from it).
+
+    ``loss_fn``: ``head_loss`` (EAGLE-1/2, the default) or another loss with its signature
+    (``app.train.eagle3.eagle3_loss``); ``loss_cfg`` is its config.
 
     ``vocab_ids``: (Vd,) token ids; when given, the loss's distributions live on these draft
     tokens only (``SubsetLMHead``). A checkpoint holds head, optimiser, step, the feature
@@ -329,8 +333,8 @@ def train(head, target_model, data: FeatureDataset, run_dir: Path, loss_cfg: Los
             progress = max(progress, state["seconds"] / budget_s)
         for group in opt.param_groups:
             group["lr"] = lr_at(progress, cfg.lr, cfg.warmup_steps, state["step"])
-        loss, stats = head_loss(head, lm_head, embedding, data.collate(batch_ids, device), loss_cfg,
-                                data.feature_std, g)
+        loss, stats = (loss_fn or head_loss)(head, lm_head, embedding, data.collate(batch_ids, device),
+                                             loss_cfg, data.feature_std, g)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.clip)
