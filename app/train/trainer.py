@@ -407,7 +407,7 @@ def run_training(args, work: Path, out: Path) -> dict:
         f"feature std {data.feature_std:.3f}")
     torch.manual_seed(args.seed)  # the head's initial weights (nn.Linear's own initialisers)
     head = DraftHead.load(args.init_from) if args.init_from else DraftHead(head_config_for(target.model.config))
-    loss_cfg = LossConfig(w_reg=args.w_reg, w_kl=args.w_kl, noise=args.noise, ttt_steps=args.ttt_steps,
+    loss_cfg = LossConfig(w_reg=args.w_reg, w_kl=args.w_kl, noise=args.noise, ttt_steps=args.ttt_steps or 1,
                           lm_head_bf16=not args.fp32_lm_head, kl_fraction=args.kl_fraction)
     cfg = TrainConfig(epochs=args.epochs, batch_tokens=args.batch_tokens, lr=args.lr,
                       weight_decay=args.weight_decay, warmup_steps=args.warmup_steps, clip=args.clip,
