@@ -234,3 +234,20 @@ def test_every_tensor_is_made_on_the_models_device(target, trained):
 def test_an_eagle3_head_takes_no_second_draft_vocabulary(target, trained):
     with pytest.raises(ValueError, match="its own vocabulary"):
         Engine(target, trained, draft_vocab=torch.arange(3, 100))
+
+
+def test_the_page_runs_an_eagle3_engine_unchanged(target, trained):
+    """The Gradio handlers (no server) stream, draw trees and race an EAGLE-3 engine as they do
+    an EAGLE-2 one: lossless against the vanilla run, every tree step drafted by "eagle3"."""
+    from app.ui import handlers
+    from app.ui.session import Session
+    from app.ui.settings import AppContext, ServerConfig
+
+    ctx = AppContext(Engine(target, trained), ServerConfig(max_new_tokens=64, max_prompt_chars=200,
+                                                           update_interval_s=0.0), "tiny eagle3")
+    session = Session()
+    views = list(handlers.generate(ctx, session, prompt="w5 w17 w33 w90", method="dynamic", max_new_tokens=24,
+                                   temperature=0.0, depth=4, top_k=4, total_tokens=12))
+    assert sum("tree" in v for v in views) >= 3 and "identical" in views[-1]["speedup"]
+    assert session.summary.token_ids == session.race_vanilla.summary.token_ids
+    assert {s.drafter for s in session.steps if not s.prefill} == {"eagle3"}
