@@ -89,6 +89,7 @@ def test_a_published_style_checkpoint_loads_from_pytorch_bin(target, saved):
     ("extra", r"unexpected keys \['midlayer.extra.weight'\]"),
     ("shape", "lm_head.weight has shape"),
     ("d2t", "d2t and t2d do not describe the same"),
+    ("t2d", "d2t and t2d do not describe the same"),
     ("no-vocab-size", "no draft_vocab_size"),
 ])
 def test_a_wrong_checkpoint_fails_in_one_line(target, saved, change, match):
@@ -102,7 +103,10 @@ def test_a_wrong_checkpoint_fails_in_one_line(target, saved, change, match):
         state["lm_head.weight"] = torch.zeros(5, 64)
     elif change == "d2t":
         state["d2t"] = state["d2t"].clone()
-        state["d2t"][0] += 1                     # draft id 0 now maps to token 4, which t2d does not mark
+        state["d2t"][0] += 1                     # draft ids 0 and 1 both map to token 4
+    elif change == "t2d":
+        state["t2d"] = state["t2d"].clone()
+        state["t2d"][250] = True                 # a target token no draft id maps to
     else:
         config = json.loads((saved / "config.json").read_text())
         del config["draft_vocab_size"]
