@@ -16,6 +16,10 @@ a published checkpoint carries its own ``embed_tokens``.
 Checkpoint layout (that of the official EAGLE heads, so they load unchanged):
     config.json         a LlamaConfig with num_hidden_layers = 1 and a ``bias`` flag for fc
     model.safetensors   or pytorch_model.bin, with exactly the keys of ``expected_keys``
+
+``load_head`` reads a checkpoint of either kind: this one, or an EAGLE-3 head
+(app/engine/eagle3_head.py), told apart by its keys (``midlayer.*``, ``d2t``/``t2d``) or its
+architecture name.
 """
 from __future__ import annotations
 
