@@ -90,9 +90,12 @@ def test_missing_folder_and_files(tiny, tmp_path):
 
 
 @pytest.mark.parametrize("mark", ["keys", "architecture"])
-def test_an_eagle3_head_is_named_as_such(tiny, tmp_path, mark):
-    """An EAGLE-3 checkpoint (midlayer, d2t/t2d, or an Eagle3 architecture name) is refused with
-    a message that says what it is and what to use instead, not a list of missing keys."""
+def test_an_eagle3_checkpoint_is_told_apart_from_an_eagle2_one(tiny, tmp_path, mark):
+    """The head's kind comes from the checkpoint (midlayer, d2t/t2d, or an Eagle3 architecture
+    name): such a checkpoint is read as EAGLE-3 (tests/test_eagle3.py loads real ones), so a
+    renamed EAGLE-2 head fails as an EAGLE-3 one, and DraftHead.load says where to load it."""
+    from app.engine.draft_head import load_head
+
     target, _ = saved_head(tiny, tmp_path)
     path = tmp_path / "model.safetensors"
     state = load_file(path)
@@ -104,5 +107,30 @@ def test_an_eagle3_head_is_named_as_such(tiny, tmp_path, mark):
         config = json.loads((tmp_path / "config.json").read_text())
         config["architectures"] = ["LlamaForCausalLMEagle3"]
         (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="is an EAGLE-3 head.*EAGLE-1/2 heads"):
+    with pytest.raises(ValueError, match="is an EAGLE-3 head.*load_head"):
+        DraftHead.load(tmp_path)
+    with pytest.raises((KeyError, ValueError), match="draft_vocab_size|EAGLE-3 layout"):
+        load_head(tmp_path, target.model.config.num_hidden_layers)
+
+
+def test_the_shipped_config_carries_rope_theta_for_older_readers():
+    """transformers 5 keeps the RoPE base only in rope_parameters; a reader without it (the EAGLE
+    reference code, transformers 4) falls back to 10,000. The shipped head's config.json also
+    has the top-level fields, equal to rope_parameters', and still loads strictly."""
+    from app.engine.loading import DEFAULT_HEAD_DIR
+
+    raw = json.loads((DEFAULT_HEAD_DIR / "config.json").read_text())
+    assert raw["rope_theta"] == raw["rope_parameters"]["rope_theta"] == 100000.0
+    assert raw["rope_scaling"] is None and raw["rope_parameters"]["rope_type"] == "default"
+    head = DraftHead.load(DEFAULT_HEAD_DIR)
+    assert head.config.rope_parameters["rope_theta"] == 100000.0
+
+
+def test_saved_configs_carry_rope_theta_and_a_disagreeing_one_is_refused(tiny, tmp_path):
+    target, _ = saved_head(tiny, tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    assert raw["rope_theta"] == raw["rope_parameters"]["rope_theta"] == target.model.config.rope_parameters["rope_theta"]
+    raw["rope_theta"] = 10000.0 + raw["rope_theta"]
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match="rope_theta .* but rope_parameters"):
         load_draft_head(str(tmp_path), target)

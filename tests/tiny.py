@@ -77,3 +77,47 @@ def trained_head(target: Target, seed: int = 0, steps: int = 300, seqs: int = 32
         loss.backward()
         opt.step()
     return head.eval()
+
+
+def eagle3_target(seed: int = 0) -> Target:
+    """A tiny target deep enough for EAGLE-3's low/mid/high layers (2, L/2, L-3 = 2, 4, 5 of 8)."""
+    return tiny_target(seed, layers=8)
+
+
+def random_eagle3_head(target: Target, seed: int = 0, draft_vocab: torch.Tensor | None = None):
+    """A random EAGLE-3 head over ``draft_vocab`` (default: tokens 3..199, so that drafts
+    outside the set can be checked for)."""
+    from app.engine.eagle3_head import Eagle3Head, default_target_layers, eagle3_config_for
+
+    ids = torch.arange(3, 200) if draft_vocab is None else draft_vocab
+    torch.manual_seed(seed + 2000)
+    cfg = target.model.config
+    head = Eagle3Head(eagle3_config_for(cfg, ids.numel()), default_target_layers(cfg.num_hidden_layers))
+    head.set_draft_vocab(ids)
+    return head.eval()
+
+
+def trained_eagle3_head(target: Target, seed: int = 0, steps: int = 100, seqs: int = 16, length: int = 40):
+    """A random EAGLE-3 head fitted for a few seconds to the target's greedy continuations
+    with the training-time-test loss of app/train/eagle3.py (3 unrolled steps)."""
+    from app.train.eagle3 import Eagle3LossConfig, eagle3_loss
+    from app.train.trainer import SubsetLMHead
+
+    head = random_eagle3_head(target, seed).train()
+    g = torch.Generator().manual_seed(seed)
+    model = target.model
+    prompts = torch.randint(3, model.config.vocab_size, (seqs, 4), generator=g)
+    with torch.no_grad():
+        out = model.generate(prompts, max_new_tokens=length, do_sample=False, min_new_tokens=length)
+        hs = model.model(out, output_hidden_states=True)
+    batch = {"tokens": out, "features": hs.last_hidden_state,
+             "layer_features": torch.cat([hs.hidden_states[i] for i in head.target_layers], -1),
+             "lengths": torch.full((seqs,), out.shape[1]), "prompt_lens": torch.full((seqs,), 4)}
+    lm_head = SubsetLMHead(model.lm_head, head.draft_token_ids())
+    opt = torch.optim.AdamW(head.parameters(), lr=3e-3)
+    for _ in range(steps):
+        loss, _ = eagle3_loss(head, lm_head, model.get_input_embeddings(), batch, Eagle3LossConfig(ttt_steps=3))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return head.eval()

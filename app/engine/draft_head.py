@@ -16,6 +16,10 @@ a published checkpoint carries its own ``embed_tokens``.
 Checkpoint layout (that of the official EAGLE heads, so they load unchanged):
     config.json         a LlamaConfig with num_hidden_layers = 1 and a ``bias`` flag for fc
     model.safetensors   or pytorch_model.bin, with exactly the keys of ``expected_keys``
+
+``load_head`` reads a checkpoint of either kind: this one, or an EAGLE-3 head
+(app/engine/eagle3_head.py), told apart by its keys (``midlayer.*``, ``d2t``/``t2d``) or its
+architecture name.
 """
 from __future__ import annotations
 
@@ -97,8 +101,7 @@ class DraftHead(nn.Module):
 
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        config = self.config.to_dict()
-        config.pop("_attn_implementation_autoset", None)
+        config = config_for_disk(self.config)
         config["num_hidden_layers"] = 1
         config["bias"] = bool(getattr(self.config, "bias", True))
         (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
@@ -108,45 +111,103 @@ class DraftHead(nn.Module):
     @classmethod
     def load(cls, folder: str | Path, dtype: torch.dtype = torch.float32,
              device: str | torch.device = "cpu") -> "DraftHead":
-        """Strict load: every expected key must be present and no other key may be."""
+        """Strict load of an EAGLE-1/2 head: every expected key must be present and no other
+        key may be. (``load_head`` loads either kind.)"""
         folder = Path(folder)
-        config_path = folder / "config.json"
-        if not config_path.is_file():
-            raise FileNotFoundError(f"draft head folder {folder} has no config.json")
-        raw = json.loads(config_path.read_text())
-        config = LlamaConfig.from_dict(raw)
-        config.bias = bool(raw.get("bias", True))
+        raw = read_config(folder)
         state = read_state_dict(folder)
-        if _is_eagle3(raw, state):
-            raise ValueError(
-                f"draft head {folder} is an EAGLE-3 head (it reads several target layers through its "
-                "'midlayer' and drafts over its own vocabulary, mapped by d2t/t2d): EAGLE Lens runs "
-                "EAGLE-1/2 heads, which read the target's last hidden state, e.g. "
-                "yuhuili/EAGLE-LLaMA3-Instruct-8B for Meta-Llama-3-8B-Instruct")
+        if is_eagle3(raw, state):
+            raise ValueError(f"draft head {folder} is an EAGLE-3 head (midlayer, d2t/t2d): load it with "
+                             "app.engine.draft_head.load_head or app.engine.loading.load_draft_head")
+        return cls.from_checkpoint(folder, raw, state).to(device=device, dtype=dtype).eval()
+
+    @classmethod
+    def from_checkpoint(cls, folder: Path, raw: dict, state: dict[str, torch.Tensor]) -> "DraftHead":
+        config = config_from_disk(folder, raw)
+        config.bias = bool(raw.get("bias", True))
         head = cls(config, with_embeddings="embed_tokens.weight" in state)
         for key in _DERIVED_KEYS:
             state.pop(key, None)
-        expected = head.expected_keys()
-        missing = sorted(expected - state.keys())
-        unexpected = sorted(state.keys() - expected)
-        if missing or unexpected:
-            parts = []
-            if missing:
-                parts.append(f"missing keys {missing}")
-            if unexpected:
-                parts.append(f"unexpected keys {unexpected}")
-            raise KeyError(f"draft head checkpoint in {folder} does not match the EAGLE layout: "
-                           + "; ".join(parts))
-        own = head.state_dict()
-        for key, tensor in state.items():
-            if tuple(tensor.shape) != tuple(own[key].shape):
-                raise ValueError(f"draft head key {key} has shape {tuple(tensor.shape)}, "
-                                 f"config expects {tuple(own[key].shape)}")
+        check_keys(folder, head, state)
         head.load_state_dict(state, strict=True)
-        return head.to(device=device, dtype=dtype).eval()
+        return head
 
 
-def _is_eagle3(config: dict, state: dict) -> bool:
+def load_head(folder: str | Path, target_num_layers: int, dtype: torch.dtype = torch.float32,
+              device: str | torch.device = "cpu"):
+    """A draft head of either kind, told apart by its checkpoint: an EAGLE-3 head
+    (``eagle3_head.Eagle3Head``) or an EAGLE-1/2 head (``DraftHead``), loaded strictly.
+    ``target_num_layers``: the target's layer count (an EAGLE-3 head reads three of them)."""
+    folder = Path(folder)
+    raw = read_config(folder)
+    state = read_state_dict(folder)
+    if is_eagle3(raw, state):
+        from app.engine.eagle3_head import Eagle3Head
+
+        head = Eagle3Head.from_checkpoint(folder, raw, state, target_num_layers)
+    else:
+        head = DraftHead.from_checkpoint(folder, raw, state)
+    return head.to(device=device, dtype=dtype).eval()
+
+
+# --- shared by both kinds of head ----------------------------------------------------------
+
+def read_config(folder: Path) -> dict:
+    path = folder / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"draft head folder {folder} has no config.json")
+    return json.loads(path.read_text())
+
+
+def config_for_disk(config: LlamaConfig) -> dict:
+    """The head's config.json: transformers' own dict plus the top-level RoPE fields that
+    readers older than transformers 5 look for. transformers 5 keeps the RoPE base only in
+    ``rope_parameters``; an older reader (the EAGLE reference code among them) then finds no
+    ``rope_theta`` and silently falls back to base 10,000, a different position encoding
+    from the one the head was trained with (SmolLM2's base is 100,000)."""
+    out = config.to_dict()
+    out.pop("_attn_implementation_autoset", None)
+    rope = dict(out.get("rope_parameters") or {})
+    if "rope_theta" in rope:
+        out["rope_theta"] = rope["rope_theta"]
+        kind = rope.get("rope_type", "default")
+        scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
+        out["rope_scaling"] = None if kind == "default" else {**scaling, "type": kind}
+    return out
+
+
+def config_from_disk(folder: Path, raw: dict) -> LlamaConfig:
+    """A LlamaConfig from config.json. A top-level ``rope_theta`` (older readers' field) must
+    agree with ``rope_parameters`` when both are given: transformers 5 would silently keep
+    the latter."""
+    config = LlamaConfig.from_dict(raw)
+    top, nested = raw.get("rope_theta"), (raw.get("rope_parameters") or {}).get("rope_theta")
+    if top is not None and nested is not None and float(top) != float(nested):
+        raise ValueError(f"draft head {folder}: config.json has rope_theta {top} but rope_parameters "
+                         f"says {nested}")
+    return config
+
+
+def check_keys(folder: Path, head: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Every key the head has is in ``state`` with its shape, and no other key is."""
+    own = head.state_dict()
+    missing = sorted(own.keys() - state.keys())
+    unexpected = sorted(state.keys() - own.keys())
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing keys {missing}")
+        if unexpected:
+            parts.append(f"unexpected keys {unexpected}")
+        kind = "EAGLE-3" if getattr(head, "kind", "eagle2") == "eagle3" else "EAGLE"
+        raise KeyError(f"draft head checkpoint in {folder} does not match the {kind} layout: " + "; ".join(parts))
+    for key, tensor in state.items():
+        if tuple(tensor.shape) != tuple(own[key].shape):
+            raise ValueError(f"draft head key {key} has shape {tuple(tensor.shape)}, "
+                             f"config expects {tuple(own[key].shape)}")
+
+
+def is_eagle3(config: dict, state: dict) -> bool:
     """An EAGLE-3 checkpoint (2503.01840's layout): its architecture name, the draft-to-target
     vocabulary maps or the two-input decoder layer ``midlayer``."""
     named = any("eagle3" in str(a).lower() for a in config.get("architectures") or [])

@@ -25,6 +25,11 @@ token from its last row, as plain decoding does; from step 1 on, every step is f
              features as the head's next pending pairs.
     record   the StepEvent: the tree with every node's fate, the rule that ran, timings.
 
+EAGLE-3 (``eagle3_head.Eagle3Head``) changes what the head reads, not the verbs: its f[j]
+is the target's low/mid/high layers at j (3H wide, returned by the same prefill and verify
+forwards), what it feeds back at deeper levels is its own hidden state, and it drafts over
+its own vocabulary with its own LM head.
+
 Vanilla decoding runs the same target forward with a single token and no tree.
 """
 from __future__ import annotations
@@ -58,6 +63,7 @@ class _Run:
     target_cache: object               # transformers DynamicCache over x[:-1] (kv.PreallocatedLayer buffers)
     draft_cache: object | None         # the head's cache (same kind), or None for vanilla
     pending_features: torch.Tensor | None  # (1, P, H) features f[j] of pairs not yet read by the head
+                                           # (EAGLE-3: (1, P, 3H), the target's low/mid/high layers)
     pending_tokens: list[int]          # the P tokens x[j+1] of those pairs
     generator: torch.Generator
     text: str = ""                     # decoded generated text so far (so each step decodes once)
@@ -70,6 +76,8 @@ class _Verified:
     prefix: int                        # committed tokens before the root (= target cache length)
     root: int
     hidden: torch.Tensor               # (1, N+1, H) the target's features at every row
+    draft_features: torch.Tensor       # (1, N+1, H or 3H) what the head reads of each row: hidden, or
+                                       # EAGLE-3's low/mid/high layers from the same forward
     lm_rows: list[int]                 # rows whose logits were computed in one batch
     batch: torch.Tensor                # (len(lm_rows), V) their logits
     logits: verify.LazyRows            # logits[row] (V,), the rest computed on demand
@@ -187,9 +195,18 @@ class Engine:
         self.lm_head = model.get_output_embeddings()
         self.embedding = model.get_input_embeddings()
         self.eos_ids = target.eos_ids
+        # An EAGLE-3 head reads three target layers (captured by the same forwards) and has
+        # its own LM head over its own draft vocabulary (draft id i is token draft_vocab[i]).
+        self.target_layers = tuple(getattr(head, "target_layers", ()))
+        self.head_lm = hasattr(head, "logits")
+        if self.head_lm:
+            if draft_vocab is not None:
+                raise ValueError("an EAGLE-3 head drafts over its own vocabulary (d2t); it takes no draft_vocab")
+            draft_vocab = head.draft_token_ids()
         self.draft_vocab = None
         if draft_vocab is not None:
             self.draft_vocab = draft_vocab.to(device=target.device, dtype=torch.long)
+        if draft_vocab is not None and not self.head_lm:
             weight = self.lm_head.weight                                   # (V, H)
             self.draft_lm_weight = weight.index_select(0, self.draft_vocab).contiguous()  # (Vd, H)
             bias = getattr(self.lm_head, "bias", None)
@@ -294,8 +311,12 @@ class Engine:
         capacity = len(prompt_ids) + max_new_tokens + (largest.total_tokens + 1 if largest.uses_draft else 1)
         target_cache = kv.preallocated_cache(self.target.model, capacity)
         ids = torch.tensor([prompt_ids], device=device)                                      # (1, m)
-        features = self.body(input_ids=ids, cache=target_cache, use_cache=True).last_hidden_state  # (1, m, H)
+        out = self.body(input_ids=ids, cache=target_cache, use_cache=True,
+                        output_hidden_states=bool(self.target_layers))
+        features = out.last_hidden_state                                                     # (1, m, H)
         logits = self.lm_head(features[0, -1])                                               # (V,)
+        if self.target_layers:                                                               # EAGLE-3: (1, m, 3H)
+            features = fused.layer_inputs(out.hidden_states, self.target_layers)
         if sampling.greedy:
             first = int(logits.argmax())
         else:
@@ -365,7 +386,10 @@ class Engine:
         return out[:, -1:], base + n_pending
 
     def _draft_logits(self, feats: torch.Tensor) -> torch.Tensor:
-        """(F, H) predicted features -> (F, V) logits, or (F, Vd) over the draft vocabulary."""
+        """(F, H) predicted features -> (F, V) logits, or (F, Vd) over the draft vocabulary
+        (EAGLE-3: the head's own norm and LM head)."""
+        if self.head_lm:
+            return self.head.logits(feats)
         if self.draft_vocab is None:
             return self.lm_head(feats)
         logits = feats @ self.draft_lm_weight.T
@@ -387,7 +411,10 @@ class Engine:
                               local], dim=1)[None, None]                                       # (1, 1, N+1, prefix+N+1)
         else:
             mask = None  # a single query attends to the whole cache: the default causal mask
-        hidden = self.decoder(ids, positions, mask, run.target_cache)                        # (1, N+1, H)
+        if self.target_layers:   # EAGLE-3: the low/mid/high layers of the same forward, (1, N+1, 3H)
+            hidden, draft_features = self.decoder(ids, positions, mask, run.target_cache, self.target_layers)
+        else:
+            hidden = draft_features = self.decoder(ids, positions, mask, run.target_cache)    # (1, N+1, H)
 
         # lm_rows: where the LM head runs, in one batch. Normally only rows verification can
         # visit: the root and every node with children, plus the accepted leaf (for its bonus)
@@ -401,7 +428,8 @@ class Engine:
             lm_rows = sorted({0} | {par + 1 for par in tree.parents})
         batch = self.lm_head(hidden[0, lm_rows])                                              # (R, V)
         logits = verify.LazyRows(lambda r: self.lm_head(hidden[0, r]), dict(zip(lm_rows, batch)))
-        return _Verified(prefix=prefix, root=root, hidden=hidden, lm_rows=lm_rows, batch=batch, logits=logits)
+        return _Verified(prefix=prefix, root=root, hidden=hidden, draft_features=draft_features, lm_rows=lm_rows,
+                         batch=batch, logits=logits)
 
     # --- accept -----------------------------------------------------------------------------
 
@@ -428,7 +456,7 @@ class Engine:
         keep = [0] + [i + 1 for i in path]                 # verify rows: the root, then the path
         kv.keep_positions(run.target_cache, verified.prefix, keep)
         if run.draft_cache is not None:
-            run.pending_features = verified.hidden[:, keep]           # (1, k+1, H) true features
+            run.pending_features = verified.draft_features[:, keep]   # (1, k+1, H or 3H) true features
             run.pending_tokens = accepted + [bonus]
         new_tokens = (accepted + [bonus])[:budget]
         for j, t in enumerate(new_tokens):

@@ -19,8 +19,8 @@ def load_engine(base_model: str | None = None, draft_model: str | None = None, d
     "optional" (a missing head leaves the engine without one: vanilla decoding still works),
     or "none" (do not load one). ``target``: an already loaded ``Target`` to reuse.
     Returns the engine and, for "optional", why no head was loaded ("" when one was).
-    The head's reduced draft vocabulary is used when it ships one, unless
-    ``full_draft_vocab``. ``dtype="auto"`` is ``loading.choose_dtype``'s choice.
+    An EAGLE-2 head's reduced draft vocabulary is used when it ships one, unless
+    ``full_draft_vocab``; an EAGLE-3 head always drafts over its own. ``dtype="auto"`` is ``loading.choose_dtype``'s choice.
     """
     if head not in ("required", "optional", "none"):
         raise ValueError(f"head must be required, optional or none, got {head!r}")
@@ -34,6 +34,7 @@ def load_engine(base_model: str | None = None, draft_model: str | None = None, d
                 raise
             missing = str(exc)
     vocab = None
-    if draft is not None and not full_draft_vocab:
+    # an EAGLE-3 head drafts over its own vocabulary (its d2t map); draft_vocab.json is EAGLE-2's
+    if draft is not None and getattr(draft, "kind", "eagle2") == "eagle2" and not full_draft_vocab:
         vocab = loading.load_draft_vocab(draft.folder, target.model.config.vocab_size)
     return Engine(target, draft, limits=limits, draft_vocab=vocab), missing

@@ -38,17 +38,29 @@ from torch import nn
 from transformers.models.llama.modeling_llama import rotate_half   # Mistral's is the same
 
 
+def layer_inputs(hidden_states: tuple[torch.Tensor, ...], layers: tuple[int, ...]) -> torch.Tensor:
+    """(B, n, k·H): the inputs of decoder layers ``layers`` (in that order), concatenated, from
+    transformers' ``output_hidden_states`` tuple, whose entry i is the input of layer i."""
+    return torch.cat([hidden_states[i] for i in layers], dim=-1)
+
+
 class DecoderForward:
-    """transformers' own decoder stack: ``(ids, positions, mask, cache) -> hidden (1, n, H)``."""
+    """transformers' own decoder stack: ``(ids, positions, mask, cache) -> hidden (1, n, H)``.
+
+    With ``layers`` (an EAGLE-3 head's low/mid/high target layers) it returns
+    ``(hidden, taps)``, taps (1, n, k·H) the inputs of those layers in the same forward."""
 
     name = "transformers"
 
     def __init__(self, model: nn.Module):
         self.body = getattr(model, model.base_model_prefix)
 
-    def __call__(self, ids, positions, mask, cache):
-        return self.body(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
-                         use_cache=True).last_hidden_state
+    def __call__(self, ids, positions, mask, cache, layers: tuple[int, ...] = ()):
+        out = self.body(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
+                        use_cache=True, output_hidden_states=bool(layers))
+        if not layers:
+            return out.last_hidden_state
+        return out.last_hidden_state, layer_inputs(out.hidden_states, layers)
 
 
 ALLOWED_LAYERS = {"LlamaDecoderLayer", "MistralDecoderLayer"}
@@ -102,7 +114,7 @@ def _fuse(linears: list[nn.Linear]) -> torch.Tensor:
 
 class FusedLlamaDecoder(DecoderForward):
     """A Llama decoder stack with [q; k; v] and [gate; up] fused. Same signature as
-    ``DecoderForward``; ``mask`` is the engine's (1, 1, n, cached + n) bool tree mask or None
+    ``DecoderForward`` (``layers``: also return those layers' inputs); ``mask`` is the engine's (1, 1, n, cached + n) bool tree mask or None
     (one query attends to the whole cache)."""
 
     # part of the autotune cost-cache key: bump it when the forward gets faster or slower, so
@@ -136,13 +148,16 @@ class FusedLlamaDecoder(DecoderForward):
             return F.rms_norm(x, (x.shape[-1],), module.weight, module.variance_epsilon)
         return module(x)
 
-    def __call__(self, ids, positions, mask, cache):
+    def __call__(self, ids, positions, mask, cache, layers: tuple[int, ...] = ()):
         n = ids.shape[1]
         x = self.body.embed_tokens(ids)                                         # (1, n, H)
         cos, sin = self.body.rotary_emb(x, positions)                           # (1, n, d) each
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)                           # (1, 1, n, d): all heads
         qk_heads = self.heads + self.kv_heads
+        taps: dict[int, torch.Tensor] = {}                                      # layer -> its input (1, n, H)
         for i, w in enumerate(self.layers):
+            if i in layers:
+                taps[i] = x
             layer = w["layer"]
             qkv = F.linear(self._norm(layer.input_layernorm, x), w["qkv"])     # (1, n, (Hq + 2·Hkv)·d)
             qk, v = qkv.split([qk_heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1)
@@ -158,7 +173,10 @@ class FusedLlamaDecoder(DecoderForward):
             x = x + F.linear(o.transpose(1, 2).reshape(1, n, -1), w["o"])
             gate, up = F.linear(self._norm(layer.post_attention_layernorm, x), w["gate_up"]).chunk(2, dim=-1)
             x = x + F.linear(F.silu(gate) * up, w["down"])
-        return self._norm(self.body.norm, x)                                    # (1, n, H)
+        hidden = self._norm(self.body.norm, x)                                  # (1, n, H)
+        if not layers:
+            return hidden
+        return hidden, torch.cat([taps[i] for i in layers], dim=-1)             # (1, n, k·H)
 
 
 def decoder_forward(target) -> DecoderForward:

@@ -192,13 +192,14 @@ def resolve_head_source(name: str | None) -> Path:
 
 
 def load_draft_head(name: str | None, target: Target):
-    """Load a draft head (strictly) and check that it fits the target."""
-    from app.engine.draft_head import DraftHead
+    """Load a draft head (strictly; EAGLE-1/2 or EAGLE-3, told apart by the checkpoint) and
+    check that it fits the target."""
+    from app.engine.draft_head import load_head
 
     folder = resolve_head_source(name)
-    head = DraftHead.load(folder, dtype=target.dtype, device=target.device)
-    head.folder = folder  # where sidecar files (draft_vocab.json) are looked up
     tc = target.model.config
+    head = load_head(folder, tc.num_hidden_layers, dtype=target.dtype, device=target.device)
+    head.folder = folder  # where sidecar files (draft_vocab.json) are looked up
     for field in ("hidden_size", "vocab_size"):
         if getattr(head.config, field) != getattr(tc, field):
             raise ValueError(f"draft head {folder} has {field} {getattr(head.config, field)}, "

@@ -12,6 +12,7 @@ Examples::
     python -m app train --stage eval --eval-prompts 10         # tau on mt_bench first turns
     python -m app train                                        # everything, with the defaults
     python -m app train --device cuda --shard-size 256         # on a GPU: bigger answer batches
+    python -m app train --arch eagle3 --work-dir W             # an EAGLE-3 head (app/train/eagle3.py)
 
 The defaults are release 6's recipe (models/eagle-smollm2-135m-instruct/README.md): 12,288
 prompts, TTT-1, the loss's distributions over the 8,192-token draft vocabulary with the
@@ -45,6 +46,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="cpu (default) | cuda[:N] | auto: where the target answers (data), the head trains and the "
                         "eval decodes. Shards and checkpoints are the same files either way")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--arch", choices=["eagle2", "eagle3"], default="eagle2",
+                   help="eagle2 (default): the head reads the last hidden state and regresses it; eagle3: "
+                        "it reads target layers 2, L/2, L-3 (the data stage stores them: use a work dir of "
+                        "its own), trains with training-time test and a token loss, and ships its own draft "
+                        "vocabulary (default --out <work-dir>/head-eagle3)")
     # data
     p.add_argument("--num-prompts", type=int, default=12288, help="size of the prompt set")
     p.add_argument("--shard-size", type=int, default=64, help="prompts per shard = generation batch")
@@ -69,8 +75,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--w-reg", type=float, default=1.0, help="weight of the smooth-L1 feature loss")
     p.add_argument("--w-kl", type=float, default=0.1, help="weight of the soft cross-entropy to p")
     p.add_argument("--noise", type=float, default=0.05, help="input-feature noise, as a fraction of feature std")
-    p.add_argument("--ttt-steps", type=int, default=1,
-                   help="training-time-test unroll: 1 = plain EAGLE-1, k = also train on k-1 own predictions")
+    p.add_argument("--ttt-steps", type=int, default=None,
+                   help="training-time-test unroll: 1 = plain EAGLE-1, k = also train on k-1 own predictions "
+                        "(default: 1 for eagle2, 3 for eagle3)")
     p.add_argument("--kl-fraction", type=float, default=0.5,
                    help="share of positions (random) that get the soft cross-entropy; the rest only regression")
     p.add_argument("--loss-vocab", choices=["draft", "full"], default="draft",
@@ -126,6 +133,8 @@ def main(args: argparse.Namespace) -> int:
     work = Path(args.work_dir) if args.work_dir else default_work_dir(name)
     if args.out:
         out = Path(args.out)
+    elif getattr(args, "arch", "eagle2") == "eagle3":
+        out = work / "head-eagle3"     # never over the shipped EAGLE-2 head
     else:
         out = DEFAULT_HEAD_DIR if args.base_model in EMBEDDED_ALIASES else work / "head"
     work.mkdir(parents=True, exist_ok=True)
@@ -136,6 +145,10 @@ def main(args: argparse.Namespace) -> int:
             run_prompts(args, work)
         elif stage == "data":
             run_data(args, work)
+        elif stage == "train" and getattr(args, "arch", "eagle2") == "eagle3":
+            from app.train.eagle3 import run_training as run_eagle3_training
+
+            run_eagle3_training(args, work, out)
         elif stage == "train":
             from app.train.trainer import run_training
 
@@ -189,10 +202,15 @@ def run_data(args, work: Path) -> None:
             target = load_target(args.base_model, device=getattr(args, "device", "cpu"), dtype=args.data_dtype)
             tok = target.tokenizer
             pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+            layers = ()
+            if getattr(args, "arch", "eagle2") == "eagle3":     # also store EAGLE-3's low/mid/high layers
+                from app.engine.eagle3_head import default_target_layers
+
+                layers = default_target_layers(target.model.config.num_hidden_layers)
         t0 = time.perf_counter()
         batch = prompts[shard * args.shard_size:(shard + 1) * args.shard_size]
         fs = generate_with_features(target.model, tok, batch, shard, args.max_new_tokens, args.seed,
-                                    target.eos_ids, pad)
+                                    target.eos_ids, pad, layers=layers)
         fs.save(path)
         release(path)
         n = int(fs.tokens.numel() - fs.prompt_lens.sum())

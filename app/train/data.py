@@ -24,6 +24,9 @@ Layout under ``work_dir`` (outside git, by default ``cache_dir()/train/<model>``
         features  (N,H) float16  f[j] for every token
         offsets   (S+1,) int64   conversation s is tokens[offsets[s]:offsets[s+1]]
         prompt_lens (S,) int64   its first prompt_lens[s] tokens are the prompt
+        layer_features (N,3H) float16  only with ``layers`` (metadata "layers", e.g. "2,15,27"):
+                                 the inputs of those target layers at every token, what an
+                                 EAGLE-3 head reads (``python -m app train --arch eagle3``)
 """
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from app.engine.fused import layer_inputs
 from app.engine.kv import preallocated_cache
 from app.train.prompts import Prompt
 
@@ -76,7 +80,7 @@ def left_pad(seqs: list[list[int]], pad_id: int, device: torch.device | str = "c
 
 @torch.no_grad()
 def generate_with_features(model, tokenizer, prompts: list[Prompt], shard: int, max_new_tokens: int,
-                           seed: int, eos_ids: set[int], pad_id: int) -> "FeatureShard":
+                           seed: int, eos_ids: set[int], pad_id: int, layers: tuple[int, ...] = ()) -> "FeatureShard":
     """Answer one shard of prompts in one left-padded batch and keep the target's features.
 
     A hand-written decode loop rather than ``model.generate``: every forward already computes
@@ -92,7 +96,8 @@ def generate_with_features(model, tokenizer, prompts: list[Prompt], shard: int, 
 
     Returns a FeatureShard whose conversation s is prompt + response (response up to and
     including its first EOS, or ``max_new_tokens - 1`` tokens: the last sampled token is never
-    fed back, so it has no feature and is dropped).
+    fed back, so it has no feature and is dropped). With ``layers`` (EAGLE-3's low/mid/high
+    target layers) the same forwards also record those layers' inputs.
     """
     mode, temperature = MODES[shard % len(MODES)]
     lm_head = model.get_output_embeddings()
@@ -105,10 +110,15 @@ def generate_with_features(model, tokenizer, prompts: list[Prompt], shard: int, 
     width = P + max_new_tokens - 1                               # every column a row can reach
     cache = preallocated_cache(model, width)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)              # (B, P)
-    prefill = body(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
-                   use_cache=True).last_hidden_state             # (B, P, H)
+    out = body(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
+               use_cache=True, output_hidden_states=bool(layers))
+    prefill = out.last_hidden_state                              # (B, P, H)
     all_feats = prefill.new_zeros(B, width, prefill.shape[-1])   # (B, width, H) f of every fed token
     all_feats[:, :P] = prefill
+    all_layers = None
+    if layers:                                                   # (B, width, 3H) EAGLE-3's layer inputs
+        all_layers = prefill.new_zeros(B, width, len(layers) * prefill.shape[-1])
+        all_layers[:, :P] = layer_inputs(out.hidden_states, layers)
     all_ids = torch.full((B, width), pad_id, dtype=torch.long, device=device)   # (B, width) every fed token
     all_ids[:, :P] = ids
     last = prefill[:, -1]                                        # (b, H), b = rows still in the batch
@@ -127,9 +137,12 @@ def generate_with_features(model, tokenizer, prompts: list[Prompt], shard: int, 
         lengths[rows[just_ended]] = step + 1                     # keep the EOS itself
         mask = torch.cat([mask, (~done).long()[:, None]], 1)     # finished rows feed masked pads
         positions = positions[:, -1:] + 1
-        h = body(input_ids=nxt[:, None], attention_mask=mask, position_ids=positions,
-                 cache=cache, use_cache=True).last_hidden_state  # (b, 1, H)
+        out = body(input_ids=nxt[:, None], attention_mask=mask, position_ids=positions,
+                   cache=cache, use_cache=True, output_hidden_states=bool(layers))
+        h = out.last_hidden_state                                # (b, 1, H)
         all_feats[rows, P + step] = h[:, 0]
+        if layers:
+            all_layers[rows, P + step] = layer_inputs(out.hidden_states, layers)[:, 0]
         all_ids[rows, P + step] = nxt
         last = h[:, 0]
         done |= just_ended
@@ -141,19 +154,22 @@ def generate_with_features(model, tokenizer, prompts: list[Prompt], shard: int, 
             cache.batch_select_indices(keep)
             mask, positions, last = mask[keep], positions[keep], last[keep]
             rows, done = rows[keep], done[keep]
-    tokens, features, lens = [], [], []
+    tokens, features, lens, layer_feats = [], [], [], []
     kept = lengths.tolist()                                      # one transfer from the device
     for i, e in enumerate(encoded):
         a = P - len(e)                                           # first real prompt column
         b = P + kept[i]
         tokens.append(all_ids[i, a:b].cpu())
         features.append(all_feats[i, a:b].to("cpu", torch.float16))
+        if layers:
+            layer_feats.append(all_layers[i, a:b].to("cpu", torch.float16))
         lens.append(b - a)
     offsets = torch.zeros(B + 1, dtype=torch.long, device="cpu")
     offsets[1:] = torch.cumsum(torch.tensor(lens, device="cpu"), 0)
     return FeatureShard(tokens=torch.cat(tokens).to(torch.int32), features=torch.cat(features),
                         offsets=offsets, prompt_lens=torch.tensor([len(e) for e in encoded], device="cpu"),
-                        mode=f"{mode}@{temperature}")
+                        mode=f"{mode}@{temperature}",
+                        layer_features=torch.cat(layer_feats) if layers else None, layers=tuple(layers))
 
 
 # --- the feature store ---------------------------------------------------------------------
@@ -167,6 +183,8 @@ class FeatureShard:
     offsets: torch.Tensor       # (S+1,) int64
     prompt_lens: torch.Tensor   # (S,) int64
     mode: str = ""              # how the responses were decoded, e.g. "sampled@0.7"
+    layer_features: torch.Tensor | None = None   # (N, k·H) float16: inputs of target ``layers``
+    layers: tuple[int, ...] = ()                  # which target layers (EAGLE-3), () if none
 
     def __len__(self) -> int:
         return int(self.offsets.numel() - 1)
@@ -176,21 +194,35 @@ class FeatureShard:
         a, b = int(self.offsets[s]), int(self.offsets[s + 1])
         return self.tokens[a:b].long(), self.features[a:b].float(), int(self.prompt_lens[s])
 
+    def layer_rows(self, s: int) -> torch.Tensor:
+        """(T, k·H) float32: the stored target-layer inputs of conversation s."""
+        if self.layer_features is None:
+            raise ValueError("this shard has no target-layer features: make EAGLE-3 data with "
+                             "`python -m app train --stage data --arch eagle3` (in a new --work-dir)")
+        a, b = int(self.offsets[s]), int(self.offsets[s + 1])
+        return self.layer_features[a:b].float()
+
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
-        save_file({"tokens": self.tokens.contiguous(), "features": self.features.contiguous(),
-                   "offsets": self.offsets.contiguous(), "prompt_lens": self.prompt_lens.contiguous()},
-                  str(tmp), metadata={"mode": self.mode})
+        tensors = {"tokens": self.tokens.contiguous(), "features": self.features.contiguous(),
+                   "offsets": self.offsets.contiguous(), "prompt_lens": self.prompt_lens.contiguous()}
+        metadata = {"mode": self.mode}
+        if self.layer_features is not None:
+            tensors["layer_features"] = self.layer_features.contiguous()
+            metadata["layers"] = ",".join(str(i) for i in self.layers)
+        save_file(tensors, str(tmp), metadata=metadata)
         tmp.rename(path)
 
     @classmethod
     def load(cls, path: Path) -> "FeatureShard":
         with safe_open(str(path), framework="pt") as f:
             d = {k: f.get_tensor(k) for k in f.keys()}
-            mode = (f.metadata() or {}).get("mode", "")
+            meta = f.metadata() or {}
+        layers = tuple(int(i) for i in meta["layers"].split(",")) if meta.get("layers") else ()
         return cls(tokens=d["tokens"], features=d["features"], offsets=d["offsets"],
-                   prompt_lens=d["prompt_lens"], mode=mode)
+                   prompt_lens=d["prompt_lens"], mode=meta.get("mode", ""),
+                   layer_features=d.get("layer_features"), layers=layers)
 
 
 def log(msg: str) -> None:

@@ -257,8 +257,12 @@ class TrainConfig:
 
 
 def train(head, target_model, data: FeatureDataset, run_dir: Path, loss_cfg: LossConfig,
-          cfg: TrainConfig, progress: bool = True, vocab_ids: torch.Tensor | None = None) -> dict:
+          cfg: TrainConfig, progress: bool = True, vocab_ids: torch.Tensor | None = None,
+          loss_fn=None) -> dict:
     """Train ``head`` in place, checkpointing to ``run_dir`` (and resuming from it).
+
+    ``loss_fn``: ``head_loss`` (EAGLE-1/2, the default) or another loss with its signature
+    (``app.train.eagle3.eagle3_loss``); ``loss_cfg`` is its config.
 
     ``vocab_ids``: (Vd,) token ids; when given, the loss's distributions live on these draft
     tokens only (``SubsetLMHead``). A checkpoint holds head, optimiser, step, the feature
@@ -292,8 +296,8 @@ def train(head, target_model, data: FeatureDataset, run_dir: Path, loss_cfg: Los
     while state["step"] < total_steps:
         epoch, batch_ids = batches.next()
         set_learning_rate(run.opt, cfg, state, total_steps, budget_s)
-        loss, stats = head_loss(head, lm_head, embedding, data.collate(batch_ids, device), loss_cfg,
-                                data.feature_std, run.generator)
+        loss, stats = (loss_fn or head_loss)(head, lm_head, embedding, data.collate(batch_ids, device), loss_cfg,
+                                             data.feature_std, run.generator)
         run.opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.clip)
@@ -452,7 +456,7 @@ def run_training(args, work: Path, out: Path) -> dict:
         f"feature std {data.feature_std:.3f}")
     torch.manual_seed(args.seed)  # the head's initial weights (nn.Linear's own initialisers)
     head = DraftHead.load(args.init_from) if args.init_from else DraftHead(head_config_for(target.model.config))
-    loss_cfg = LossConfig(w_reg=args.w_reg, w_kl=args.w_kl, noise=args.noise, ttt_steps=args.ttt_steps,
+    loss_cfg = LossConfig(w_reg=args.w_reg, w_kl=args.w_kl, noise=args.noise, ttt_steps=args.ttt_steps or 1,
                           lm_head_bf16=not args.fp32_lm_head, kl_fraction=args.kl_fraction)
     cfg = TrainConfig(epochs=args.epochs, batch_tokens=args.batch_tokens, lr=args.lr,
                       weight_decay=args.weight_decay, warmup_steps=args.warmup_steps, clip=args.clip,

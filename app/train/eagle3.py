@@ -1,0 +1,229 @@
+"""Training an EAGLE-3 head (2503.01840): fused target layers, training-time test, token loss.
+
+Notation as in app/engine/eagle3_head.py: a conversation is tokens x[0..T-1]; the target gives
+at every position j its low/mid/high layer inputs g[j] (3H, stored by the data stage with
+``--arch eagle3``) and its final feature f[j], whose LM-head distribution p[j] is the
+target's distribution of x[j+1].
+
+Training-time test, unrolled over ``ttt_steps`` = k draft steps. Step s = 0..k-1 at position
+j plays the head drafting at depth s+1 after the committed context x[..j+1]:
+
+    step 0:  reads (g[j],        x[j+1])    at position j      -> q0[j] of x[j+2]
+    step s:  reads (a_{s-1}[j],  x[j+1+s])  at position j + s  -> q_s[j] of x[j+2+s]
+
+a_{s-1}[j] is the head's own hidden state of the step before: from depth 2 on the head never
+sees a target feature, so it is trained on what it will read. Tokens are the true ones (the
+drafted path is the accepted one). Attention matches drafting: the step-s query at j sees
+step-0 keys at positions <= j (the committed pairs, which the engine keeps in the head's KV
+cache) and, for 1 <= t <= s, the single step-t key at j (its drafted ancestors). The steps
+are run one after another on one KV cache that keeps every step's keys, with that mask.
+
+Loss (token loss only; EAGLE-3 drops EAGLE-1's feature regression):
+
+    L = Σ_s 0.8^s · mean_j CE(p_d[j+1+s], q_s[j])      CE(p, q) = -Σ_v p(v) log q(v)
+
+over the draft vocabulary (Vd tokens, the head's d2t/t2d): p_d is the target's p restricted
+to those tokens and renormalised. Positions are those of the response (the chain starts at
+a committed position, j >= prompt length - 1). The reference also drops positions whose
+target argmax is not a draft token; that needs the full-vocabulary logits at every
+position, the cost the draft vocabulary saves, for ~4% of the positions (the 8,192 most
+frequent tokens cover ~96% of the responses), so every response position counts here.
+
+The optimiser loop, schedule, checkpoints and resume are app/train/trainer.py's ``train``,
+called with this loss.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+
+from app.train.data import log
+from app.train.trainer import FeatureDataset
+
+# default unroll: the reference trains 7 steps; each step costs one more head forward and
+# LM-head matmul, so on a CPU we default to 3 (depth 3 covers most accepted length)
+TTT_STEPS = 3
+
+
+@dataclass
+class Eagle3LossConfig:
+    ttt_steps: int = TTT_STEPS  # draft steps unrolled (>= 1; 1 = no training-time test)
+    ttt_decay: float = 0.8      # weight of step s is ttt_decay ** s
+
+
+class Eagle3Dataset(FeatureDataset):
+    """FeatureDataset whose batches also carry ``layer_features`` (B, T, 3H): the stored
+    inputs of the target layers the head reads."""
+
+    def __init__(self, paths: list[Path]):
+        super().__init__(paths)
+        layers = {sh.layers for sh in self.shards}
+        if any(sh.layer_features is None for sh in self.shards) or len(layers) != 1:
+            raise ValueError("EAGLE-3 training needs shards made with `--stage data --arch eagle3`, all with "
+                             f"the same target layers; these have {sorted(layers)}")
+        self.layers = layers.pop()
+
+    def collate(self, items: list[int], device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+        batch = super().collate(items, "cpu")
+        rows = [self.shards[self.index[k][0]].layer_rows(self.index[k][1]) for k in items]
+        g = torch.zeros(len(rows), batch["tokens"].shape[1], rows[0].shape[-1], device="cpu")   # (B, T, 3H)
+        for i, r in enumerate(rows):
+            g[i, :r.shape[0]] = r
+        batch["layer_features"] = g
+        return {k: v.to(device) for k, v in batch.items()}
+
+
+def ttt_step_mask(step: int, length: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """(L, (step+1)·L) bool, True = may attend: what the step-``step`` query at position j
+    sees among the keys of steps 0..step (concatenated in that order): step-0 keys at
+    positions <= j, and each later step's key at j itself."""
+    j = torch.arange(length, device=device)
+    blocks = [j[None, :] <= j[:, None]]                                  # (L, L) causal over step 0
+    blocks += [torch.eye(length, dtype=torch.bool, device=device)] * step  # (L, L) the diagonal
+    return torch.cat(blocks, dim=1)
+
+
+def _ahead(t: torch.Tensor, s: int) -> torch.Tensor:
+    """t[:, j + s] at every j (zeros past the end): the value ``s`` positions ahead."""
+    return torch.cat([t[:, s:], t.new_zeros(t[:, :s].shape)], 1)
+
+
+def ttt_forward(head, next_embeds: torch.Tensor, layer_features: torch.Tensor, steps: int):
+    """The head unrolled ``steps`` draft steps: yields a_s (B, L, H) for s = 0..steps-1.
+
+    ``next_embeds`` (B, L, H): emb(x[j+1]) at every position j; ``layer_features`` (B, L, 3H):
+    g[j]. Step s reads (a_{s-1}[j], emb(x[j+1+s])) at position j+s (step 0: (g[j], emb(x[j+1])))
+    with ``ttt_step_mask``; a_s[j] is the head's state for x[j+2+s] (``head.logits`` -> q).
+    Every step's keys stay in one cache, as the engine's head cache holds the committed pairs
+    and the drafted ancestors."""
+    B, L, _ = next_embeds.shape
+    j = torch.arange(L, device=next_embeds.device)[None]                  # (1, L) position j
+    cache = DynamicCache()
+    hidden = layer_features
+    for s in range(steps):
+        mask = ttt_step_mask(s, L, next_embeds.device)[None, None].expand(B, 1, L, (s + 1) * L)
+        hidden = head(_ahead(next_embeds, s), hidden, (j + s).expand(B, L), mask, cache)   # (B, L, H)
+        yield hidden
+
+
+def eagle3_loss(head, lm_head, embedding, batch: dict[str, torch.Tensor], cfg: Eagle3LossConfig,
+                feature_std: float = 1.0, g: torch.Generator | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """The loss of one batch and its parts per depth (``loss``, ``ce{d}``, ``acc{d}`` for d = 1..k;
+    acc_d is the top-1 agreement with the target over the draft vocabulary at depth d).
+
+    ``lm_head``: the target's frozen LM head over the draft vocabulary, in the head's draft-id
+    order (trainer's ``SubsetLMHead``), so ``softmax(lm_head(f))`` is p_d. ``feature_std`` and
+    ``g`` are unused (EAGLE-3 adds no input noise: training-time test shows the head its own
+    errors instead); they keep trainer.train's call.
+    """
+    tokens, f, layers = batch["tokens"], batch["features"], batch["layer_features"]   # (B,T), (B,T,H), (B,T,3H)
+    B, T, _ = f.shape
+    L = T - 1
+    device = f.device
+    j = torch.arange(L, device=device)[None]                              # (1, L) position j
+    with torch.no_grad():
+        p_all = torch.softmax(lm_head(f[:, 1:]).float(), -1)              # (B, L, Vd) p_d of x[j+2]
+    total = torch.zeros((), device=device)
+    stats: dict[str, float] = {}
+    steps = ttt_forward(head, embedding(tokens[:, 1:]), layers[:, :-1], cfg.ttt_steps)
+    for s, hidden in enumerate(steps):                                     # hidden: (B, L, H) a_s[j]
+        valid = (j + 1 + s < batch["lengths"][:, None]) & (j >= batch["prompt_lens"][:, None] - 1)   # (B, L)
+        if not bool(valid.any()):
+            break
+        logits = head.logits(hidden[valid]).float()                        # (N, Vd) q_s of x[j+2+s]
+        p = _ahead(p_all, s)[valid]                                        # (N, Vd) p_d of x[j+2+s]
+        ce = F.cross_entropy(logits, p)                                    # soft targets: -Σ p log q
+        total = total + cfg.ttt_decay ** s * ce
+        with torch.no_grad():
+            stats[f"ce{s + 1}"] = ce.item()
+            stats[f"acc{s + 1}"] = (logits.argmax(-1) == p.argmax(-1)).float().mean().item()
+    stats["loss"] = total.item()
+    return total, stats
+
+
+@torch.no_grad()
+def validate(head, target_model, data: Eagle3Dataset, steps: int, vocab_ids: torch.Tensor,
+             batch_tokens: int = 2048, max_batches: int | None = None) -> dict[str, float]:
+    """Held-out ce and top-1 agreement at each depth (as in training, without gradients):
+    acc_s is the acceptance rate of a depth-s chain given its ancestors were accepted."""
+    head.eval()
+    from app.train.trainer import SubsetLMHead
+
+    lm_head = target_model.get_output_embeddings()
+    device = lm_head.weight.device
+    lm = SubsetLMHead(lm_head, vocab_ids.to(device))
+    sums: dict[str, float] = {}
+    batches = data.batches(0, 12345, batch_tokens)[:max_batches]
+    for ids in batches:
+        _, stats = eagle3_loss(head, lm, target_model.get_input_embeddings(), data.collate(ids, device),
+                               Eagle3LossConfig(ttt_steps=steps))
+        for k, v in stats.items():
+            sums[k] = sums.get(k, 0.0) + v / len(batches)
+    return sums
+
+
+def new_head(target, vocab_ids: torch.Tensor, layers: tuple[int, ...]):
+    """A freshly initialised EAGLE-3 head for ``target`` over the draft tokens ``vocab_ids``."""
+    from app.engine.eagle3_head import Eagle3Head, eagle3_config_for
+
+    head = Eagle3Head(eagle3_config_for(target.model.config, vocab_ids.numel()), layers)
+    head.set_draft_vocab(vocab_ids)
+    return head
+
+
+def run_training(args, work: Path, out: Path) -> dict:
+    """Stage *train* with ``--arch eagle3``: train on every finished shard (they must carry the
+    target-layer features), save the head to ``out`` in the official EAGLE-3 layout."""
+    from app.engine.draft_head import load_head
+    from app.engine.loading import load_target
+    from app.train.trainer import TrainConfig, loss_vocabulary, train
+
+    target = load_target(args.base_model, device=getattr(args, "device", "cpu"), dtype="float32")
+    run_dir = work / "runs" / args.run_name
+    shards_file = run_dir / "shards.json"
+    if shards_file.is_file():  # a resumed run keeps the shards it started with
+        paths = [Path(p) for p in json.loads(shards_file.read_text())]
+    else:
+        paths = sorted((work / "features").glob("shard_*.safetensors"))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        shards_file.write_text(json.dumps([str(p) for p in paths], indent=1))
+    holdout = [p for p in paths if p.name in set(args.holdout)]
+    paths = [p for p in paths if p not in holdout]
+    data = Eagle3Dataset(paths)
+    log(f"train eagle3: {len(data)} conversations, {data.num_tokens} tokens in {len(paths)} shards, "
+        f"target layers {list(data.layers)}")
+    vocab = loss_vocabulary(args, run_dir, paths, target)
+    V = target.model.config.vocab_size
+    vocab_ids = torch.arange(V) if vocab is None else torch.tensor(vocab["token_ids"], dtype=torch.long)
+    torch.manual_seed(args.seed)  # the head's initial weights
+    if args.init_from:
+        head = load_head(Path(args.init_from), target.model.config.num_hidden_layers)
+        if not torch.equal(head.draft_token_ids(), vocab_ids):
+            raise ValueError(f"--init-from {args.init_from} drafts over another vocabulary than this run's")
+    else:
+        head = new_head(target, vocab_ids, data.layers)
+    steps = args.ttt_steps if getattr(args, "ttt_steps", None) else TTT_STEPS
+    loss_cfg = Eagle3LossConfig(ttt_steps=steps)
+    cfg = TrainConfig(epochs=args.epochs, batch_tokens=args.batch_tokens, lr=args.lr,
+                      weight_decay=args.weight_decay, warmup_steps=args.warmup_steps, clip=args.clip,
+                      seed=args.seed, checkpoint_every=args.checkpoint_every, max_minutes=args.train_minutes or None)
+    state = train(head, target.model, data, run_dir, loss_cfg, cfg, vocab_ids=vocab_ids, loss_fn=eagle3_loss)
+    head.save(out)
+    val = None
+    if holdout:
+        val = validate(head, target.model, Eagle3Dataset(holdout), max(steps, 5), vocab_ids,
+                       max_batches=args.val_batches)
+        log("train eagle3: held-out " + ", ".join(f"{k} {v:.3f}" for k, v in sorted(val.items())))
+    (run_dir / "summary.json").write_text(json.dumps(
+        {"arch": "eagle3", "state": state, "tokens": data.num_tokens, "conversations": len(data),
+         "shards": len(paths), "holdout": [str(p) for p in holdout], "validation": val,
+         "target_layers": list(data.layers),
+         "loss_vocab": None if vocab is None else {k: v for k, v in vocab.items() if k != "token_ids"},
+         "loss_config": loss_cfg.__dict__, "train_config": cfg.__dict__}, indent=1))
+    log(f"train eagle3: saved head to {out} after step {state['step']} ({state['seconds'] / 60:.1f} min)")
+    return state

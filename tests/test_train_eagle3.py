@@ -1,0 +1,147 @@
+"""EAGLE-3 training (app/train/eagle3.py): the data stage's target-layer features, the
+training-time-test mask, a training step that learns, exact resume, and the CLI from data to
+a loadable head in the official layout. On the tiny 8-layer Llama of tests/tiny.py."""
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch
+
+from app.train.data import FeatureShard, generate_with_features
+from app.train.eagle3 import Eagle3Dataset, Eagle3LossConfig, eagle3_loss, new_head, ttt_step_mask
+from app.train.trainer import SubsetLMHead, TrainConfig, train
+from tests.test_train import _tiny_prompts
+from tests.tiny import eagle3_target
+
+LAYERS = (2, 4, 5)
+
+
+def _shard(target, shard: int, n: int = 8, new_tokens: int = 32) -> FeatureShard:
+    return generate_with_features(target.model, target.tokenizer, _tiny_prompts(n, shard), shard, new_tokens,
+                                  seed=0, eos_ids=target.eos_ids, pad_id=0, layers=LAYERS)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    target = eagle3_target(0)
+    folder = tmp_path_factory.mktemp("features3")
+    paths = []
+    for shard in range(2):
+        paths.append(folder / f"shard_{shard:05d}.safetensors")
+        _shard(target, shard).save(paths[-1])
+    return target, Eagle3Dataset(paths)
+
+
+def test_the_data_stage_stores_the_target_layers_of_every_token(tmp_path):
+    """Layer inputs recorded while decoding (left-padded batch, KV cache) equal those of one
+    plain forward over each finished conversation, and round-trip through the shard file."""
+    target = eagle3_target(3)
+    fs = _shard(target, 1, n=6, new_tokens=24)            # shard 1 samples: varied lengths
+    back_path = tmp_path / "shard.safetensors"
+    fs.save(back_path)
+    back = FeatureShard.load(back_path)
+    assert back.layers == LAYERS and torch.equal(back.layer_features, fs.layer_features)
+    for s in range(len(back)):
+        tokens, _, _ = back.conversation(s)
+        with torch.no_grad():
+            hs = target.model.model(input_ids=tokens[None], output_hidden_states=True).hidden_states
+        ref = torch.cat([hs[i][0] for i in LAYERS], -1)    # (T, 3H)
+        torch.testing.assert_close(back.layer_rows(s), ref, atol=2e-2, rtol=2e-3)   # float16 storage
+
+
+def test_eagle2_shards_are_refused_for_eagle3_training(tmp_path):
+    from tests.test_train import _tiny_shard
+
+    path = tmp_path / "shard_00000.safetensors"
+    _tiny_shard(eagle3_target(0), 0, n=2, new_tokens=6).save(path)
+    with pytest.raises(ValueError, match="--arch eagle3"):
+        Eagle3Dataset([path])
+
+
+def test_ttt_step_mask_sees_the_committed_pairs_and_the_drafted_ancestors():
+    assert torch.equal(ttt_step_mask(0, 4), torch.ones(4, 4, dtype=torch.bool).tril())
+    m = ttt_step_mask(2, 4)                                  # (4, 12): step-0, step-1, step-2 keys
+    assert m[2, :4].tolist() == [True, True, True, False]    # committed pairs at positions <= 2
+    assert m[2, 4:8].tolist() == [False, False, True, False] # the depth-2 ancestor, same j
+    assert m[2, 8:].tolist() == [False, False, True, False]  # itself
+
+
+def _fresh(target, data, seed=0):
+    torch.manual_seed(seed)
+    return new_head(target, torch.arange(3, 256), data.layers)
+
+
+def test_training_lowers_the_token_loss_at_every_depth(data, tmp_path):
+    target, ds = data
+    head = _fresh(target, ds)
+    cfg = Eagle3LossConfig(ttt_steps=3)
+    batch = ds.collate(list(range(len(ds))))
+    lm = SubsetLMHead(target.model.lm_head, head.draft_token_ids())
+    emb = target.model.get_input_embeddings()
+    with torch.no_grad():
+        _, before = eagle3_loss(head, lm, emb, batch, cfg)
+    state = train(head, target.model, ds, tmp_path / "run", cfg, TrainConfig(epochs=20, batch_tokens=512, lr=3e-3,
+                  warmup_steps=5), progress=False, vocab_ids=head.draft_token_ids(), loss_fn=eagle3_loss)
+    with torch.no_grad():
+        _, after = eagle3_loss(head, lm, emb, batch, cfg)
+    assert state["step"] > 20 and after["loss"] < before["loss"]
+    for d in (1, 2, 3):                                       # depth 3 reads two of its own states
+        assert after[f"ce{d}"] < before[f"ce{d}"] - 0.05, (d, before, after)
+        assert after[f"acc{d}"] > before[f"acc{d}"] + 0.2, (d, before, after)
+
+
+def test_interrupted_training_resumes_exactly(data, tmp_path):
+    """Stopping at step 4 and rerunning gives exactly the weights of one uninterrupted run."""
+    target, ds = data
+    cfg = dict(epochs=2, batch_tokens=256, lr=3e-3, warmup_steps=2, checkpoint_every=100)
+    loss_cfg = Eagle3LossConfig(ttt_steps=3)
+    ids = torch.arange(3, 256)
+    straight = _fresh(target, ds)
+    s1 = train(straight, target.model, ds, tmp_path / "a", loss_cfg, TrainConfig(**cfg), progress=False,
+               vocab_ids=ids, loss_fn=eagle3_loss)
+    s2 = train(_fresh(target, ds), target.model, ds, tmp_path / "b", loss_cfg, TrainConfig(**cfg, stop_at_step=4),
+               progress=False, vocab_ids=ids, loss_fn=eagle3_loss)
+    assert s2["step"] == 4 < s1["step"]
+    resumed = _fresh(target, ds, seed=99)                    # other init: all must come from the checkpoint
+    s3 = train(resumed, target.model, ds, tmp_path / "b", loss_cfg, TrainConfig(**cfg), progress=False,
+               vocab_ids=ids, loss_fn=eagle3_loss)
+    assert s3["step"] == s1["step"]
+    for (name, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_the_cli_trains_an_eagle3_head_from_data_to_eval(tmp_path, monkeypatch):
+    """``python -m app train --arch eagle3``: the data stage stores layers 2, L/2, L-3, training
+    builds the draft vocabulary from the training shards, saves the head in the official
+    layout outside the shipped EAGLE-2 folder, and the eval stage decodes with it."""
+    from app.engine import loading
+    from app.engine.loading import DEFAULT_HEAD_DIR
+    from app.train.cli import add_arguments, main
+    from app.train.prompts import save_prompts
+
+    target = eagle3_target(5)
+    monkeypatch.setattr(loading, "load_target", lambda *a, **k: target)
+    save_prompts(_tiny_prompts(12), tmp_path / "prompts.jsonl")
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    common = ["--arch", "eagle3", "--work-dir", str(tmp_path), "--num-prompts", "12"]
+    assert main(parser.parse_args(common + ["--stage", "data", "--shard-size", "6", "--data-dtype", "float32",
+                                            "--max-new-tokens", "20"])) == 0
+    assert FeatureShard.load(tmp_path / "features" / "shard_00001.safetensors").layers == LAYERS
+    assert main(parser.parse_args(common + ["--stage", "train", "--epochs", "4", "--batch-tokens", "256",
+                                            "--train-minutes", "0", "--draft-vocab-size", "40", "--warmup-steps", "2",
+                                            "--holdout", "shard_00001.safetensors", "--val-batches", "1"])) == 0
+    out = tmp_path / "head-eagle3"
+    assert out != DEFAULT_HEAD_DIR and (out / "model.safetensors").is_file()
+    head = loading.load_draft_head(str(out), target)
+    vocab = json.loads((tmp_path / "runs" / "main" / "draft_vocab.json").read_text())
+    assert head.kind == "eagle3" and head.draft_token_ids().tolist() == vocab["token_ids"]
+    summary = json.loads((tmp_path / "runs" / "main" / "summary.json").read_text())
+    assert summary["arch"] == "eagle3" and summary["loss_config"]["ttt_steps"] == 3
+    assert summary["target_layers"] == list(LAYERS) and "acc3" in summary["validation"]
+    assert main(parser.parse_args(common + ["--stage", "eval", "--eval-indices", "0", "--eval-new-tokens", "8",
+                                            "--eval-tree", "10/3/2", "--eval-out", str(tmp_path / "e.json")])) == 0
+    result = json.loads((tmp_path / "e.json").read_text())["mt_bench"]
+    assert result["prompts"] == 1 and result["draft_vocab"] == 40
