@@ -9,7 +9,7 @@ import math
 import random
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from app.engine.config import (METHODS, SETTING, SETTINGS, TREE_METHODS, GenerationLimits, SamplingConfig,
@@ -231,6 +231,11 @@ def _named(exc: ValueError, fields: set) -> None:
 @FUZZ
 @given(changes=st.dictionaries(st.sampled_from(SETTING_NAMES + ("step_mode",)), JSONISH, min_size=1, max_size=3),
        method=st.sampled_from(SETTING["method"].choices))
+@example(changes={"temperature": 10**400}, method="dynamic")           # past float's range
+@example(changes={"temperature": 1e-38, "top_p": 1e-300}, method="chain")
+@example(changes={"seed": 10**400}, method="dynamic")
+@example(changes={"prompt": "w5 \ud800"}, method="dynamic")
+@example(changes={"method": "x" * 1_000_000}, method="dynamic")
 def test_any_value_in_any_field_is_a_request_or_a_short_message_naming_it(ctx, changes, method):
     """The request parser and the Generate click's checks (what the page's validator runs):
     a valid request, or a ValueError whose first word names a field that was changed."""
