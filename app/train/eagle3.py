@@ -181,19 +181,10 @@ def run_training(args, work: Path, out: Path) -> dict:
     target-layer features), save the head to ``out`` in the official EAGLE-3 layout."""
     from app.engine.draft_head import load_head
     from app.engine.loading import load_target
-    from app.train.trainer import TrainConfig, loss_vocabulary, train
+    from app.train.trainer import TrainConfig, loss_vocabulary, train, training_shards
 
     target = load_target(args.base_model, device=getattr(args, "device", "cpu"), dtype="float32")
-    run_dir = work / "runs" / args.run_name
-    shards_file = run_dir / "shards.json"
-    if shards_file.is_file():  # a resumed run keeps the shards it started with
-        paths = [Path(p) for p in json.loads(shards_file.read_text())]
-    else:
-        paths = sorted((work / "features").glob("shard_*.safetensors"))
-        run_dir.mkdir(parents=True, exist_ok=True)
-        shards_file.write_text(json.dumps([str(p) for p in paths], indent=1))
-    holdout = [p for p in paths if p.name in set(args.holdout)]
-    paths = [p for p in paths if p not in holdout]
+    run_dir, paths, holdout = training_shards(args, work)
     data = Eagle3Dataset(paths)
     log(f"train eagle3: {len(data)} conversations, {data.num_tokens} tokens in {len(paths)} shards, "
         f"target layers {list(data.layers)}")

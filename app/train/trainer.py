@@ -435,22 +435,29 @@ def validate(head, target_model, data: FeatureDataset, steps: int = 5, batch_tok
     return sums
 
 
-def run_training(args, work: Path, out: Path) -> dict:
-    """Stage *train* of the CLI: train on every finished feature shard, save the head to ``out``."""
-    from app.engine.draft_head import DraftHead, head_config_for
-    from app.engine.loading import load_target
-
-    target = load_target(args.base_model, device=getattr(args, "device", "cpu"), dtype="float32")
+def training_shards(args, work: Path) -> tuple[Path, list[Path], list[Path]]:
+    """(run folder, training shards, held-out shards) of ``--run-name``. A resumed run keeps
+    the shards it started with (listed in its shards.json), so new shards written meanwhile
+    never change what it trains on."""
     run_dir = work / "runs" / args.run_name
     shards_file = run_dir / "shards.json"
-    if shards_file.is_file():  # a resumed run keeps the shards it started with
+    if shards_file.is_file():
         paths = [Path(p) for p in json.loads(shards_file.read_text())]
     else:
         paths = sorted((work / "features").glob("shard_*.safetensors"))
         run_dir.mkdir(parents=True, exist_ok=True)
         shards_file.write_text(json.dumps([str(p) for p in paths], indent=1))
     holdout = [p for p in paths if p.name in set(args.holdout)]
-    paths = [p for p in paths if p not in holdout]
+    return run_dir, [p for p in paths if p not in holdout], holdout
+
+
+def run_training(args, work: Path, out: Path) -> dict:
+    """Stage *train* of the CLI: train on every finished feature shard, save the head to ``out``."""
+    from app.engine.draft_head import DraftHead, head_config_for
+    from app.engine.loading import load_target
+
+    target = load_target(args.base_model, device=getattr(args, "device", "cpu"), dtype="float32")
+    run_dir, paths, holdout = training_shards(args, work)
     data = FeatureDataset(paths)
     log(f"train: {len(data)} conversations, {data.num_tokens} tokens in {len(paths)} shards, "
         f"feature std {data.feature_std:.3f}")
