@@ -255,3 +255,31 @@ def test_the_page_runs_an_eagle3_engine_unchanged(target, trained):
     assert sum("tree" in v for v in views) >= 3 and "identical" in views[-1]["speedup"]
     assert session.summary.token_ids == session.race_vanilla.summary.token_ids
     assert {s.drafter for s in session.steps if not s.prefill} == {"eagle3"}
+
+
+def test_a_sampled_chain_is_verified_with_the_q_its_drafts_were_drawn_from(target, trained, monkeypatch):
+    """Speculative sampling is exact only if the verifier's q (over the full vocabulary) gives
+    each drafted token the probability it was drawn with from the head's draft-vocabulary q.
+    The spy passes every call through to the real chain_verify."""
+    from app.engine import verify
+
+    seen = []
+    real = verify.chain_verify
+
+    def spy(p, draft_q, tokens, generator):
+        seen.append((draft_q.clone(), list(tokens)))
+        return real(p, draft_q, tokens, generator)
+
+    monkeypatch.setattr(verify, "chain_verify", spy)
+    *steps, _ = Engine(target, trained).generate(prompt_ids=PROMPT, tree=TreeConfig(method="chain", depth=3),
+                                                 sampling=SamplingConfig(temperature=1.0, seed=5), max_new_tokens=20)
+    trees = [s.tree for s in steps[1:]]
+    assert len(seen) == len(trees) > 0
+    outside = torch.ones(256, dtype=torch.bool)
+    outside[3:200] = False
+    for (q, tokens), tree in zip(seen, trees):
+        assert tokens == tree.tokens
+        for i, t in enumerate(tokens):
+            assert float(q[i, t]) == pytest.approx(tree.q[i], rel=1e-6)
+        torch.testing.assert_close(q.sum(-1), torch.ones(len(tokens)))
+        assert float(q[:, outside].abs().sum()) == 0.0
