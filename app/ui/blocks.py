@@ -27,6 +27,7 @@ from app.ui.requests import (AUTO_PRESET, CUSTOM_PRESET, DEFAULTS, SETTINGS, SWE
 from app.ui.session import Session, close_session
 from app.ui.settings import AppContext, ServerConfig, gpu
 from app.viz.autotune import choice_figure, choice_markdown
+from app.viz.safe import page_message
 from app.viz.style import legend_html
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -77,7 +78,7 @@ def page_errors():
     try:
         yield
     except ValueError as exc:
-        raise gr.Error(str(exc), print_exception=False) from None
+        raise gr.Error(page_message(exc), print_exception=False) from None
 
 
 def _stream(gen, names):
@@ -194,7 +195,7 @@ def build_demo(ctx: AppContext, demos: dict[str, str] | None = None) -> gr.Block
                 if name in FOLDED:   # its control may sit in a closed accordion: say it by the prompt too
                     problems["prompt"] = f"{FOLDED[name]}: {message}"
             names = [None] * before + list(SETTINGS) + [None] * (len(values) - before - len(SETTINGS))
-            return [gr.validate(name not in problems, problems.get(name, "")) for name in names]
+            return [gr.validate(name not in problems, page_message(problems.get(name, ""))) for name in names]
 
         return validate
 

@@ -32,6 +32,7 @@ from app.ui.settings import AppContext
 from app.viz.insights import calibration_figure, depth_figure, explorer_figure, tokens_per_step_figure
 from app.viz.phases import phase_account
 from app.viz.race import race_figure, speedup
+from app.viz.safe import md_code
 from app.viz.stream import stream_html
 from app.viz.tree import tree_figure
 
@@ -84,7 +85,7 @@ def _identical_note(session: Session) -> str:
     dtype = session.model.get("dtype", "")
     why = ("This should not happen in float32 — please report it with the trace."
            if dtype == "float32" else
-           f"In {dtype or 'reduced precision'} a forward over 1 token and over a whole tree round "
+           f"In {md_code(dtype) if dtype else 'reduced precision'} a forward over 1 token and over a whole tree round "
            "differently, so after a near-tie the two greedy paths can part; in float32 they match exactly.")
     return f"Greedy outputs **differ from token {first}** on. {why}"
 
@@ -380,8 +381,9 @@ def show_trace(session: Session, trace: traces.Trace, name: str) -> dict:
     session.steps, session.summary = list(trace.steps), trace.summary
     if trace.vanilla_steps is not None:
         session.race_vanilla = VanillaRun(("trace", name), list(trace.vanilla_steps), trace.vanilla_summary)
-    where = ", ".join(f"{k} {v}" for k, v in trace.model.items() if v)
-    return final_view(session, f"replaying {name} ({where}) — no model involved.")
+    # the trace's model note is the uploader's text: shown as code, never as Markdown
+    where = ", ".join(f"{md_code(k, 40)} {md_code(v)}" for k, v in trace.model.items() if v)
+    return final_view(session, f"replaying {md_code(name)} ({where}) — no model involved.")
 
 
 def read_trace_file(ctx: AppContext, path) -> traces.Trace:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from app.engine.config import GenerationLimits, TreeConfig
 from app.ui.engine_thread import EngineThread
+from app.viz.safe import md_code
 
 
 def _env_int(name: str, default: int) -> int:
@@ -158,8 +159,8 @@ def _load_context(config: ServerConfig, engine_thread: EngineThread, log) -> App
     if missing:
         missing = f"No draft head loaded ({missing}). Vanilla decoding and recorded traces still work."
     head_name = config.draft_model or "shipped head models/eagle-smollm2-135m-instruct"
-    note = (f"target **{target.name}** on {target.device.type} ({str(target.dtype).replace('torch.', '')}); "
-            + (f"draft head: {head_name}" if head is not None else "no draft head"))
+    note = (f"target {md_code(target.name)} on {target.device.type} ({str(target.dtype).replace('torch.', '')}); "
+            + (f"draft head: {md_code(head_name)}" if head is not None else "no draft head"))
     tree, choice = TreeConfig(), None
     if head is not None and config.auto_tree:
         tree, tree_note, choice = auto_tree_defaults(engine, log)
