@@ -20,7 +20,7 @@ from pathlib import Path
 import gradio as gr
 
 from app.engine.config import MAX_DEPTH, MAX_TOP_K
-from app.ui import handlers
+from app.ui import handlers, limits
 from app.ui.explain import EXAMPLES, HOW_IT_WORKS
 from app.ui.requests import (AUTO_PRESET, CUSTOM_PRESET, DEFAULTS, SETTINGS, SWEEP_KNOBS, TREE_KNOBS, TREE_PRESETS,
                               UI_METHODS, preset_of, tree_preset)
@@ -49,8 +49,9 @@ def demo_traces(folder: Path = TRACES_DIR) -> dict[str, str]:
 
 def launch_kwargs(config: ServerConfig) -> dict:
     """Arguments for ``demo.launch`` (css lives here in Gradio 6). Never ``share=True``."""
-    return dict(css_paths=[str(CSS_PATH)], max_file_size=config.trace_max_bytes,
-                state_session_capacity=200, show_error=False)
+    return dict(css_paths=[str(CSS_PATH)], max_file_size=config.trace_max_bytes, show_error=False,
+                state_session_capacity=config.public_limits.sessions_max,
+                app_kwargs=limits.app_kwargs(config, trace_dirs=[handlers.TRACE_DIR]))   # per-visitor bounds
 
 
 def _to_output(name: str, value):
@@ -195,7 +196,7 @@ def build_demo(ctx: AppContext, demos: dict[str, str] | None = None) -> gr.Block
                 if name in FOLDED:   # its control may sit in a closed accordion: say it by the prompt too
                     problems["prompt"] = f"{FOLDED[name]}: {message}"
             names = [None] * before + list(SETTINGS) + [None] * (len(values) - before - len(SETTINGS))
-            return [gr.validate(name not in problems, page_message(problems.get(name, ""))) for name in names]
+            return [gr.validate(name not in problems, problems.get(name, "")) for name in names]
 
         return validate
 
@@ -350,6 +351,7 @@ def build_demo(ctx: AppContext, demos: dict[str, str] | None = None) -> gr.Block
         demo_btn.click(load_demo, [session, demo_choice], run_outputs, api_name="load_demo", preprocess=False)
         demo.load(first_demo, [session], run_outputs, api_visibility="private")
     demo.queue(max_size=cfg.queue_size, default_concurrency_limit=4)
+    limits.bound_queue_joins(demo._queue)   # the cap holds for joins that arrive together
     calm_queue_polling(demo)
     return demo
 

@@ -24,6 +24,7 @@ import numpy as np
 from app.engine.config import SamplingConfig, TreeConfig
 from app.engine.events import StepEvent, decoding_steps
 from app.ui import traces
+from app.ui.limits import kv_bytes
 from app.ui.pump import BackgroundRun
 from app.ui.requests import (INT_KNOBS, MAX_TEMPERATURE, SWEEP_KNOBS, TREE_KNOBS, Request, build_request,
                               setting_of)
@@ -274,6 +275,7 @@ def generate(ctx: AppContext, session: Session, step_mode: bool = False, **raw):
         if step_mode:
             yield first_view()
             session.stepper, session.stepper_request = events, request
+            ctx.paused.hold(session, paused_run_bytes(ctx, request))   # bounded in time and memory
             yield from _step(ctx, session)
             return
         t0 = time.perf_counter()
@@ -304,15 +306,23 @@ def step(ctx: AppContext, session: Session):
         yield from _step(ctx, session)
 
 
+def paused_run_bytes(ctx: AppContext, request: Request) -> int:
+    """The KV caches a paused step-mode run holds (``limits.kv_bytes``)."""
+    prompt_tokens = len(ctx.engine.encode_prompt(request.prompt))
+    tree_tokens = request.tree.total_tokens if request.tree.uses_draft else 0
+    return kv_bytes(ctx.engine, prompt_tokens, request.max_new_tokens, tree_tokens)
+
+
 def check_step(session: Session) -> None:
     """Raise the message a Step click gets when no step-mode run is paused."""
     if session.stepper is None:
-        raise ValueError("Nothing to step: tick 'step mode' and press Generate first.")
+        raise ValueError(session.expired or "Nothing to step: tick 'step mode' and press Generate first.")
 
 
 def _step(ctx: AppContext, session: Session):
     check_step(session)
     request = session.stepper_request
+    ctx.paused.touch(session)
     ev = ctx.engine_thread.call(next, session.stepper, None)   # one target forward, on the engine thread
     if ev is not None and ev.type == "step":
         session.steps.append(ev)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from app.engine.config import GenerationLimits, TreeConfig
 from app.ui.engine_thread import EngineThread
+from app.ui.limits import PausedRuns, PublicLimits
 from app.viz.safe import md_code
 
 
@@ -81,6 +82,7 @@ class ServerConfig:
     trace_max_bytes: int = 4_000_000
     session_ttl_s: int = 1800          # a visitor's state is dropped after 30 idle minutes
     auto_tree: bool = True             # default tree knobs from app.engine.autotune
+    public_limits: PublicLimits = field(default_factory=PublicLimits)   # per-visitor bounds (app/ui/limits.py)
 
     @classmethod
     def from_env(cls) -> "ServerConfig":
@@ -114,6 +116,11 @@ class AppContext:
     # one OpenMP team instead of one per thread, and the visitors' runs serialised on the shared
     # model, including the moment after a Stop when the stopped run finishes its last step).
     engine_thread: EngineThread = field(default_factory=EngineThread, repr=False)
+    paused: PausedRuns | None = field(default=None, repr=False)   # every paused step-mode run (limits.py)
+
+    def __post_init__(self):
+        if self.paused is None:
+            self.paused = PausedRuns(self.config.public_limits)
 
     @property
     def update_interval(self) -> float:

@@ -28,7 +28,8 @@ def md_code(text, limit: int = 200) -> str:
 
 
 def page_message(text) -> str:
-    """A message for Gradio's toast or a control's validation note, which render HTML (a
-    refused trace's message quotes its stray field names, a refused request its value):
-    ``<``, ``>`` and ``&`` become entities, so the text shows as typed."""
+    """A message for Gradio's toast (``gr.Error``), which renders HTML: a refused trace's message
+    quotes the trace's stray field names. ``<``, ``>`` and ``&`` become entities, so the text
+    shows as written. (A validation note under a control is left as is: it quotes only the
+    visitor's own request, back to that visitor.)"""
     return html.escape(str(text), quote=False)
