@@ -129,14 +129,15 @@ def test_browser_generate_replay_stop_and_traces(url, tmp_path):
         _assert_run_still_shown(page, speedup_text)
         page.locator("#prompt textarea").fill("w5 w17 w33 w90")
 
-        # Replay: move the slider to step 0 and the phase account and tree follow it.
+        # Replay: move the slider to step 1 (the first tree: step 0 is the prompt's prefill) and
+        # the phase account and tree follow it.
         before = page.locator("#phases").inner_text()
         box = page.locator("#step-slider input[type=number]")
-        box.fill("0")
+        box.fill("1")
         box.press("Enter")
-        expect(page.locator("#phases")).to_contain_text("Step 0")
+        expect(page.locator("#phases")).to_contain_text("Step 1")
         assert page.locator("#phases").inner_text() != before
-        assert _wait_for_tree(page, "step 0:") != last_title
+        assert _wait_for_tree(page, "step 1:") != last_title
         expect(page.locator("#token-stream .step.current")).to_have_count(1)
 
         # Why the default tree has its size: the cost curve and the candidates, drawn.
