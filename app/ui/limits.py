@@ -15,7 +15,8 @@ Each has a bound here, with the numbers in ``PublicLimits`` (README, "Public ser
 ``BoundedStateHolder``   Gradio's session store with a byte budget besides the count, a cap on
                          sessions per client, a rate limit on each client's new sessions, and
                          eviction of *idle* sessions only (least recently used first): when
-                         every session is active a new one is refused, none is displaced.
+                         every session is active a new one is refused, none is displaced (and
+                         a client over its own cap can displace only its own idle sessions).
 ``PausedRuns``           paused step-mode runs end after an idle time, and the oldest ends when
                          all of them together would hold more than a memory cap; the visitor
                          then reads why (``Session.expired``).
@@ -50,8 +51,8 @@ class PublicLimits:
     # sessions (gr.State of every visitor)
     sessions_max: int = 400                 # sessions held at once, all clients
     session_bytes_max: int = 256 * MiB      # their runs' records together (estimate: ``session_bytes``)
-    sessions_per_client: int = 12           # a client's own least recent session goes beyond this
-    new_sessions_per_minute: int = 30       # per client; more are refused (HTTP 429)
+    sessions_per_client: int = 64           # beyond: the client's own least recent idle session goes, else 429
+    new_sessions_per_minute: int = 60       # per client (a classroom behind one address); more get 429
     idle_s: float = 300.0                   # unused this long: evictable when the server is full
     # paused step-mode runs (each holds a KV cache)
     paused_idle_s: float = 600.0            # ended after this long without a Step
@@ -155,8 +156,8 @@ def _state_holder_class():
     class BoundedStateHolder(StateHolder):
         """Gradio's ``StateHolder`` (session id -> that browser session's state) with this
         module's bounds. Gradio's own rule (keep the last ``capacity`` sessions) let a script
-        evict every visitor; here a new session may displace only an idle one, or the same
-        client's own oldest."""
+        evict every visitor; here a new session may displace only an idle one (the same
+        client's own, once that client holds its cap)."""
 
         def __init__(self, limits: PublicLimits, old: StateHolder | None = None):
             super().__init__()
@@ -202,11 +203,16 @@ def _state_holder_class():
                     self.refused += 1
                     raise Refused(429, f"too many new sessions from this address (at most "
                                        f"{self.limits.new_sessions_per_minute} a minute): wait a minute")
+                now = datetime.datetime.now()
                 own = [s for s in self.session_data if self.owner.get(s) == client] if client else []
                 if client is not None and len(own) >= self.limits.sessions_per_client:
-                    self._evict(own[0])                  # the client's own least recently used
+                    victim = next((s for s in own if self._idle(s, now)), None)   # the client's own
+                    if victim is None:
+                        self.refused += 1
+                        raise Refused(429, f"too many sessions in use from this address (at most "
+                                           f"{self.limits.sessions_per_client})")
+                    self._evict(victim)
                 elif len(self.session_data) >= self.limits.sessions_max:
-                    now = datetime.datetime.now()
                     victim = next((s for s in self.session_data if self._idle(s, now)), None)
                     if victim is None:
                         self.refused += 1
