@@ -4,6 +4,8 @@
     python scripts/loadtest.py fuzz  --examples 200             # invalid inputs (hypothesis)
     python scripts/loadtest.py stop                             # how fast Stop frees the worker
     python scripts/loadtest.py speed                            # app tokens/s vs the engine's own
+    python scripts/loadtest.py flood --sessions 200             # new sessions from one script vs visitors' state
+    python scripts/loadtest.py burst --joins 40                 # simultaneous joins vs the queue's cap
 
 By default the script starts the server itself (``python app.py`` in a subprocess on a free
 loopback port, with the server's usual environment variables) and measures that process's
@@ -166,6 +168,113 @@ def fuzz(url: str, examples: int, seed: int = 0, valid_after: dict | None = None
     out = client.predict(**after, api_name="/generate")
     stats["valid_after_ok"] = str(out[0]).startswith("done")
     return stats
+
+
+# --- session flood and simultaneous joins ------------------------------------------------------
+
+def endpoint_ids(url: str) -> dict[str, int]:
+    """{api name: fn_index} from the server's /config."""
+    import httpx
+
+    config = httpx.get(url.rstrip("/") + "/config", timeout=30).json()
+    return {d["api_name"]: d["id"] for d in config["dependencies"] if d.get("api_name")}
+
+
+def raw_join(http, url: str, fn_index: int, data: list, session_hash: str, client: str | None = None) -> int:
+    """One queue join as any script can send it (no page, no gradio_client): the HTTP status.
+    ``client`` travels as X-Forwarded-For, which the server honours from a loopback peer (as
+    from a Space's proxy): one machine can play many visitors."""
+    headers = {"X-Forwarded-For": client} if client else {}
+    r = http.post(url.rstrip("/") + "/gradio_api/queue/join", headers=headers, timeout=60,
+                  json={"data": data, "fn_index": fn_index, "session_hash": session_hash,
+                        "event_data": None, "trigger_id": None})
+    return r.status_code
+
+
+def _visitor_with_a_run(url: str, address: str):
+    """A visitor (its own address) who has generated a short run, so that it has state to lose."""
+    from gradio_client import Client
+
+    client = Client(url, verbose=False, download_files=False, headers={"X-Forwarded-For": address})
+    client.predict(prompt=PROMPTS[0], method="vanilla", max_new_tokens=4, temperature=0.0, api_name="/generate")
+    return client
+
+
+def _still_has_its_run(client) -> bool:
+    """The visitor's replay still shows its tokens (an evicted visitor's replay shows nothing)."""
+    stream, *_ = client.predict(0, api_name="/replay")
+    return 'class="tok' in str(stream)
+
+
+def session_flood(url: str, flood: int = 200, victims: int = 3, addresses: int = 1, prefix: str = "10.66") -> dict:
+    """``victims`` visitors each make a run; then ``flood`` new sessions (one /stop call each,
+    the cheapest request) from ``addresses`` client addresses; then each victim replays its
+    run. Returns how many flood sessions were accepted / refused, and how many victims kept
+    their run."""
+    import uuid
+
+    import httpx
+
+    check_loopback(url)
+    kept_before = [_visitor_with_a_run(url, f"10.1.0.{i + 1}") for i in range(victims)]
+    stop = endpoint_ids(url)["stop"]
+    codes: dict[int, int] = {}
+    t0 = time.monotonic()
+    with httpx.Client() as http:
+        for i in range(flood):
+            client = f"{prefix}.{(i % addresses) // 250}.{(i % addresses) % 250 + 1}"
+            code = raw_join(http, url, stop, [None], uuid.uuid4().hex[:11], client)
+            codes[code] = codes.get(code, 0) + 1
+    seconds = time.monotonic() - t0
+    kept = sum(_still_has_its_run(c) for c in kept_before)
+    return {"sent": flood, "accepted": codes.get(200, 0), "refused": flood - codes.get(200, 0), "codes": codes,
+            "seconds": seconds, "victims": victims, "victims_kept": kept}
+
+
+def burst(url: str, n: int = 40, busy_tokens: int = 200, settings: dict | None = None) -> dict:
+    """``n`` /generate joins sent at the same instant (threads released by one barrier) while
+    the worker is busy with a long run, so nothing leaves the queue meanwhile: how many are
+    accepted (at most the queue's size, EAGLE_LENS_QUEUE) and how many refused (503)."""
+    import uuid
+
+    import httpx
+    from gradio_client import Client
+
+    from app.ui.requests import SETTINGS
+
+    check_loopback(url)
+    busy = Client(url, verbose=False, download_files=False)
+    job = busy.submit(prompt=PROMPTS[1], method="vanilla", max_new_tokens=busy_tokens, temperature=0.0,
+                      api_name="/generate")
+    while job.status().code.name not in ("PROCESSING", "ITERATING", "FINISHED"):
+        time.sleep(0.05)
+    settings = settings or dict(prompt=PROMPTS[0], method="vanilla", max_new_tokens=2, temperature=0.0, top_p=1.0,
+                                seed=0, depth=3, top_k=4, total_tokens=8, tau_high=0.5, tau_low=0.05,
+                                min_confidence=0.0)
+    data = [settings[k] for k in SETTINGS] + [False, None]       # + step mode, + the visitor's state
+    generate = endpoint_ids(url)["generate"]
+    barrier = threading.Barrier(n)
+    codes: list[int] = []
+    lock = threading.Lock()
+
+    def one(i: int):
+        with httpx.Client() as http:
+            barrier.wait()
+            code = raw_join(http, url, generate, data, uuid.uuid4().hex[:11], f"10.2.{i // 250}.{i % 250 + 1}")
+        with lock:
+            codes.append(code)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    running = job.status().code.name != "FINISHED"
+    job.cancel()
+    with contextlib.suppress(Exception):
+        busy.predict(api_name="/stop")
+    return {"sent": n, "accepted": codes.count(200), "refused": codes.count(503),
+            "other": len(codes) - codes.count(200) - codes.count(503), "worker_busy_throughout": running}
 
 
 # --- stop latency ------------------------------------------------------------------------------
@@ -334,7 +443,7 @@ def speed_in_process(args) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("mode", choices=("load", "fuzz", "stop", "speed"))
+    p.add_argument("mode", choices=("load", "fuzz", "stop", "speed", "flood", "burst"))
     p.add_argument("--url", help="a running server on this machine (default: start one)")
     p.add_argument("--pid", type=int, help="the running server's process id, for its memory")
     p.add_argument("--visitors", type=int, default=8)
@@ -345,11 +454,14 @@ def main(argv=None) -> int:
     p.add_argument("--method", default="dynamic")
     p.add_argument("--prompt", default="Write a short poem about the sea.")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--sessions", type=int, default=200, help="flood: new sessions to open")
+    p.add_argument("--addresses", type=int, default=1, help="flood: client addresses they come from")
+    p.add_argument("--joins", type=int, default=40, help="burst: simultaneous joins")
     p.add_argument("--update-interval", type=float, default=None,
                    help="speed: seconds between page updates (default: the server's)")
     args = p.parse_args(argv)
-    if args.visitors > 64 or args.minutes > 30 or args.examples > 5000:
-        raise SystemExit("bounded: at most 64 visitors, 30 minutes, 5000 examples")
+    if args.visitors > 64 or args.minutes > 30 or args.examples > 5000 or args.sessions > 5000 or args.joins > 200:
+        raise SystemExit("bounded: at most 64 visitors, 30 minutes, 5000 examples, 5000 sessions, 200 joins")
 
     if args.mode == "speed":   # needs the engine itself: the server runs in this process
         r = speed_in_process(args)
@@ -399,6 +511,19 @@ def main(argv=None) -> int:
             print(f"Stop answered in {r['stop_call_s']:.2f} s ({r['stopped_status']}); worker free again "
                   f"(a 1-token request done) {r['worker_free_s']:.2f} s after Stop; next request ok: {r['next_ok']}")
             return int(not r["next_ok"])
+        if args.mode == "flood":
+            before = rss_mb(pid) if pid else None
+            r = session_flood(url, args.sessions, addresses=args.addresses)
+            memory = f"; server RSS {before:.0f} -> {rss_mb(pid):.0f} MiB" if pid else ""
+            print(f"{r['sent']} new sessions from {args.addresses} address(es) in {r['seconds']:.1f} s: "
+                  f"{r['accepted']} accepted, {r['refused']} refused {r['codes']}; visitors who kept their run: "
+                  f"{r['victims_kept']}/{r['victims']}{memory}")
+            return int(r["victims_kept"] < r["victims"])
+        if args.mode == "burst":
+            r = burst(url, args.joins)
+            print(f"{r['sent']} simultaneous joins while the worker was busy ({r['worker_busy_throughout']}): "
+                  f"{r['accepted']} accepted, {r['refused']} refused (queue full), {r['other']} other")
+            return int(r["other"] > 0)
     return 0
 
 

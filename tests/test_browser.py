@@ -254,3 +254,98 @@ def test_closing_the_tab_stops_the_run(tiny):
         steps, stopped_early = engine.runs[-1]
         assert stopped_early and steps < 200 and len(engine.runs) <= 2, engine.runs
         assert ctx.engine_thread.idle
+
+
+def _hostile_trace(tiny, port: int) -> dict:
+    """A valid trace of a real tiny run whose every free text carries markup aimed at the
+    address ``127.0.0.1:port``: HTML tags, a Markdown link and image, a bare URL, a script."""
+    from app.engine.config import SamplingConfig, TreeConfig
+    from app.ui import traces
+
+    target, head = tiny
+    engine = Engine(target, head)
+    *steps, summary = engine.generate(prompt_ids=[5, 17, 33, 90], tree=TreeConfig(method="dynamic", depth=3, top_k=4,
+                                                                                 total_tokens=8),
+                                      sampling=SamplingConfig(), max_new_tokens=12)
+    *vsteps, vsummary = engine.generate(prompt_ids=[5, 17, 33, 90], tree=TreeConfig(method="vanilla"),
+                                        sampling=SamplingConfig(), max_new_tokens=12)
+    base = f"http://127.0.0.1:{port}"
+    markup = (f'<img src="{base}/img.png"><a href="{base}/a">a</a>[link]({base}/md) ![i]({base}/mdimg.png) '
+              f'{base}/bare <script>fetch("{base}/script")</script>')
+    data = traces.trace_dict(dict(prompt=markup, method="dynamic", temperature=0.0, max_new_tokens=12),
+                             {"target": markup[:200], "head": f"[click]({base}/head)", "dtype": markup[:200],
+                              "<img src=x>": f"<img src={base}/key.png>"},
+                             steps, summary, vsteps, vsummary)
+    vanilla_summary = data["vanilla"][-1]
+    vanilla_summary["token_ids"][1] += 1    # "outputs differ": the note that names the trace's dtype
+    for record in data["records"][:-1]:
+        record["text"] = markup
+        if record["tree"]:
+            record["tree"]["texts"] = [markup[:200]] * len(record["tree"]["texts"])
+    data["records"][-1]["text"] = markup
+    return data
+
+
+@pytest.mark.skipif(not shutil.which(CHROMIUM) and not os.path.exists(CHROMIUM), reason="chromium not installed")
+def test_markup_in_an_uploaded_trace_stays_text(url, tiny, tmp_path):
+    """A stranger's trace is shown, never rendered: its markup creates no element on the page and
+    the browser makes no request to the address it names (a listening server counts them too).
+    The texts are still there, verbatim."""
+    import http.server
+    import json
+    import socketserver
+    import threading
+
+    from playwright.sync_api import expect, sync_playwright
+
+    expect.set_options(timeout=EXPECT_TIMEOUT_MS)
+    hits: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            hits.append(self.path)
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    with socketserver.TCPServer(("127.0.0.1", 0), Handler) as lure:
+        port = lure.server_address[1]
+        threading.Thread(target=lure.serve_forever, daemon=True).start()
+        trace = tmp_path / "hostile.json"
+        trace.write_text(json.dumps(_hostile_trace(tiny, port)))
+        broken = tmp_path / "hostile-keys.json"     # refused: the message names its stray key
+        broken.write_text(json.dumps({"format": "eagle-lens-trace", "version": 2, "settings": {}, "model": {},
+                                      "records": [], "vanilla": None,
+                                      f'<img src="http://127.0.0.1:{port}/toast.png">': 1}))
+        with sync_playwright() as p:
+            browser = _chromium(p)
+            page = browser.new_page(viewport={"width": 1400, "height": 1800})
+            page.set_default_timeout(120_000)
+            requests: list[str] = []
+            page.on("request", lambda r: requests.append(r.url) if f":{port}" in r.url else None)
+            page.goto(url)
+            page.get_by_role("tab", name="Traces").click()
+            page.locator("#trace-upload input[type=file]").set_input_files(str(broken))
+            expect(page.locator("[data-testid=toast-body]")).to_contain_text("unexpected")
+            expect(page.locator("[data-testid=toast-body]")).to_contain_text("<img")
+            page.locator("#trace-upload button[aria-label=Clear]").click()
+            page.locator("#trace-upload input[type=file]").set_input_files(str(trace))
+            expect(page.locator("#status")).to_contain_text("replaying")
+            expect(page.locator("#speedup")).to_contain_text("differ from token 1")
+            _wait_for_tree(page)
+            box = page.locator("#tree-plot .point").nth(1).bounding_box()   # plotly's hover label: the node's text
+            page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+            expect(page.locator("#tree-plot .hoverlayer")).to_contain_text("status")
+            # the markup made nothing: no element, no link, no request ...
+            made = page.evaluate("""(port) => [...document.querySelectorAll('img, a, script, iframe, image')]
+                .map(e => e.getAttribute('src') || e.getAttribute('href') || e.getAttribute('xlink:href') || '')
+                .filter(u => u.includes(':' + port) || u === 'x')""", port)
+            assert made == [] and requests == [], (made, requests)
+            # ... and is on the page as text
+            assert "<img" in page.locator("#status").inner_text()
+            assert "[link](" in page.locator("#speedup").inner_text()
+            assert "<script>" in page.locator("#token-stream").inner_text()
+            browser.close()
+        assert requests == [] and hits == [], (requests, hits)

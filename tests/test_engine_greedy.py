@@ -117,6 +117,8 @@ def test_records_are_consistent(tiny):
 
 
 def test_stops_at_eos_and_max_new_tokens():
+    """EOS as the target's own token (vanilla, and the bonus of a tree step): the answer ends
+    right after it, EOS included (as transformers does)."""
     from tests.tiny import tiny_target, trained_head
 
     # an EOS id the model emits early: pick the 3rd greedy token of a prompt as "EOS"
@@ -129,16 +131,92 @@ def test_stops_at_eos_and_max_new_tokens():
     for method in ("vanilla", "dynamic", "chain"):
         _, summary = run(Engine(target, head), prompt, TreeConfig(method=method), n=40)
         assert summary.token_ids == ref[:3]  # stops right after EOS, EOS included (as HF does)
-    for n in (1, 2, 7):
-        _, summary = run(Engine(*_tiny_pair()), prompt, TreeConfig(depth=5, top_k=4, total_tokens=20), n=n)
-        assert len(summary.token_ids) == n
 
 
-def _tiny_pair():
-    from tests.tiny import tiny_target, random_head
+def _accepted_inside(step) -> list[int]:
+    """The tokens of a step that were accepted draft tokens followed by more accepted ones (not
+    the last accepted token, not the bonus)."""
+    return step.accepted[:-1]
 
-    t = tiny_target(0, eos=None)
-    return t, random_head(t)
+
+def test_an_eos_accepted_inside_the_tree_ends_the_answer_there(tiny):
+    """The head drafts a token, the target accepts it and a child after it: if that token is
+    EOS, nothing after it may be output. The EOS id is chosen from a run so that its first
+    occurrence is such an inner accepted token (the same weights with another eos id draft and
+    verify identically up to there); the answer must be plain greedy decoding cut at it."""
+    from tests.tiny import tiny_target
+
+    target, head = tiny                                       # eos id 2, which this prompt never reaches
+    tree = TreeConfig(method="dynamic", depth=5, top_k=4, total_tokens=16)
+    prompt = PROMPTS[1]
+    steps, summary = run(Engine(target, head), prompt, tree, n=60)
+    first_at = {}
+    for i, t in enumerate(summary.token_ids):
+        first_at.setdefault(t, i)
+    out = 0
+    candidates = []
+    for s in steps:
+        for j, t in enumerate(s.new_tokens):
+            if j < len(_accepted_inside(s)) and first_at[t] == out + j:
+                candidates.append(t)
+        out += len(s.new_tokens)
+    assert candidates, "no token is first seen accepted inside a tree: the test would prove nothing"
+    eos = candidates[0]
+    with_eos = tiny_target(0, eos=eos)
+    steps_e, summary_e = run(Engine(with_eos, head), prompt, tree, n=60)
+    cut = summary.token_ids[: first_at[eos] + 1]
+    assert summary_e.token_ids == cut == hf_greedy(with_eos, prompt, 60)
+    last = steps_e[-1]
+    assert last.new_tokens[-1] == eos and len(last.tree.status) and last.tree.status.count("accepted") > \
+        last.new_tokens.index(eos) + 1          # the tree accepted more after EOS: the cut was needed
+
+
+def test_an_accepting_head_never_overshoots_max_new_tokens(tiny):
+    """With a head whose drafts are accepted several at a time, a step could commit more
+    tokens than the budget left: the answer must have exactly max_new_tokens tokens (plain
+    greedy's first ones), and for some budgets a step's accepted path must have been cut."""
+    target, head = tiny
+    prompt = PROMPTS[0]
+    ref = hf_greedy(target, prompt, 24)
+    cut = 0
+    for n in range(1, 25):
+        steps, summary = run(Engine(target, head), prompt, TreeConfig(method="dynamic", depth=5, top_k=4,
+                                                                      total_tokens=16), n=n)
+        assert summary.token_ids == ref[:n] and summary.new_tokens == n
+        last = steps[-1]
+        if last.tree is not None and last.tree.status.count("accepted") + 1 > len(last.new_tokens):
+            cut += 1
+    assert cut >= 3, cut
+
+
+def test_the_head_reads_each_feature_with_the_next_token(tiny):
+    """EAGLE's pairing: the head at position j reads the target's feature f[j] with the token
+    x[j+1] that followed it, and its output predicts f[j+1]. Checked directly: at every step,
+    the root's children in the tree (tokens and q) must be q's best of the head run from scratch
+    over the pairs (f[j], x[j+1]) of the whole committed sequence — f from one plain target
+    forward, no cache — whose last output predicts the feature at the root. Pairing a token
+    with its own feature (x[j]), or dropping a pair, gives other candidates."""
+    target, head = tiny
+    engine = Engine(target, head)
+    tree = TreeConfig(method="dynamic", depth=3, top_k=4, total_tokens=8)
+    steps, _ = run(engine, PROMPTS[1], tree, n=24)
+    committed = list(PROMPTS[1]) + steps[0].new_tokens
+    embed = target.model.get_input_embeddings()
+    checked = 0
+    for s in steps[1:]:
+        x = torch.tensor([committed])                                             # (1, m)
+        with torch.no_grad():
+            f = target.model.model(x).last_hidden_state                           # (1, m, H): f[j]
+            pos = torch.arange(x.shape[1] - 1)[None]
+            pred = head(embed(x[:, 1:]), f[:, :-1], pos, None)                    # pairs (f[j], x[j+1])
+            q = torch.softmax(target.model.lm_head(pred[0, -1]).float(), -1)     # predicts the root's child
+        depth1 = [i for i, d in enumerate(s.tree.depths) if d == 1]    # q's best children the tree kept
+        tokens = [s.tree.tokens[i] for i in depth1]
+        assert depth1 and set(tokens) == set(torch.topk(q, len(depth1)).indices.tolist())
+        assert [s.tree.q[i] for i in depth1] == pytest.approx(q[tokens].tolist(), abs=1e-4)
+        committed += s.new_tokens
+        checked += 1
+    assert checked > 5
 
 
 @pytest.mark.parametrize("cfg", [dict(depth=1, top_k=8, total_tokens=2), dict(depth=2, top_k=1, total_tokens=2),

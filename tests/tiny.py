@@ -53,14 +53,18 @@ def random_head(target: Target, seed: int = 0) -> DraftHead:
     return DraftHead(head_config_for(target.model.config)).eval()
 
 
-def trained_head(target: Target, seed: int = 0, steps: int = 300, seqs: int = 32, length: int = 48) -> DraftHead:
+def trained_head(target: Target, seed: int = 0, steps: int = 300, seqs: int = 32, length: int = 48,
+                 sampled: bool = False) -> DraftHead:
     """A head fitted for a few seconds to the target's greedy continuations (EAGLE's loss:
-    feature regression + cross-entropy through the frozen LM head)."""
+    feature regression + cross-entropy through the frozen LM head); ``sampled``: to sampled
+    continuations instead, so that it has seen the contexts a sampled run reaches."""
     g = torch.Generator().manual_seed(seed)
     model = target.model
     prompts = torch.randint(3, model.config.vocab_size, (seqs, 4), generator=g)
     with torch.no_grad():
-        out = model.generate(prompts, max_new_tokens=length, do_sample=False, min_new_tokens=length)
+        torch.manual_seed(seed)
+        out = model.generate(prompts, max_new_tokens=length, do_sample=sampled, min_new_tokens=length,
+                             **(dict(top_k=0, top_p=1.0, temperature=1.0) if sampled else {}))
         feats = model.model(out).last_hidden_state           # (S, T, H)
     head = random_head(target, seed).train()
     opt = torch.optim.AdamW(head.parameters(), lr=3e-3)

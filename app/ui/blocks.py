@@ -27,13 +27,14 @@ from pathlib import Path
 import gradio as gr
 
 from app.engine.config import SETTING, SETTINGS, Setting, TreeConfig
-from app.ui import handlers
+from app.ui import handlers, limits
 from app.ui.explain import EXAMPLES, HOW_IT_WORKS
 from app.ui.requests import (AUTO_PRESET, CUSTOM_PRESET, SETTING_NAMES, SWEEP_KNOBS, TREE_KNOBS, TREE_PRESETS, Checked,
                               preset_of, tree_preset)
 from app.ui.session import Session, close_session
 from app.ui.settings import AppContext, ServerConfig, gpu
 from app.viz.autotune import choice_figure, choice_markdown
+from app.viz.safe import page_message
 from app.viz.style import legend_html
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -55,8 +56,9 @@ def demo_traces(folder: Path = TRACES_DIR) -> dict[str, str]:
 
 def launch_kwargs(config: ServerConfig) -> dict:
     """Arguments for ``demo.launch`` (css lives here in Gradio 6). Never ``share=True``."""
-    return dict(css_paths=[str(CSS_PATH)], max_file_size=config.trace_max_bytes,
-                state_session_capacity=200, show_error=False)
+    return dict(css_paths=[str(CSS_PATH)], max_file_size=config.trace_max_bytes, show_error=False,
+                state_session_capacity=config.public_limits.sessions_max,
+                app_kwargs=limits.app_kwargs(config, trace_dirs=[handlers.TRACE_DIR]))   # per-visitor bounds
 
 
 def _to_output(name: str, value):
@@ -84,7 +86,7 @@ def page_errors():
     try:
         yield
     except ValueError as exc:
-        raise gr.Error(str(exc), print_exception=False) from None
+        raise gr.Error(page_message(exc), print_exception=False) from None
 
 
 def _stream(gen, names):
@@ -531,6 +533,7 @@ def build_demo(ctx: AppContext, demos: dict[str, str] | None = None) -> gr.Block
     with gr.Blocks(title="EAGLE Lens", delete_cache=(3600, 3600)) as demo:
         wire(demo, build_layout(ctx, demos), ctx, demos)
     demo.queue(max_size=ctx.config.queue_size, default_concurrency_limit=4)
+    limits.bound_queue_joins(demo._queue)   # the cap holds for joins that arrive together
     calm_queue_polling(demo)
     return demo
 

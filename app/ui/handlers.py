@@ -24,6 +24,7 @@ from app.engine.config import SETTING, TreeConfig, shown
 from app.engine.events import StepEvent, decoding_steps
 from app.ui import traces
 from app.engine.threads import engine_probe
+from app.ui.limits import kv_bytes
 from app.ui.pump import BackgroundRun
 from app.ui.race import VANILLA, interleave
 from app.ui.requests import SETTING_NAMES, SWEEP_KNOBS, Request, build_request, setting_of
@@ -32,6 +33,7 @@ from app.ui.settings import AppContext
 from app.viz.insights import calibration_figure, depth_figure, explorer_figure, tokens_per_step_figure
 from app.viz.phases import phase_account
 from app.viz.race import race_figure, speedup, speedup_with_spread
+from app.viz.safe import md_code
 from app.viz.stream import stream_html
 from app.viz.tree import tree_figure
 
@@ -85,7 +87,7 @@ def _identical_note(session: Session) -> str:
     dtype = session.model.get("dtype", "")
     why = ("This should not happen in float32 — please report it with the trace."
            if dtype == "float32" else
-           f"In {dtype or 'reduced precision'} a forward over 1 token and over a whole tree round "
+           f"In {md_code(dtype) if dtype else 'reduced precision'} a forward over 1 token and over a whole tree round "
            "differently, so after a near-tie the two greedy paths can part; in float32 they match exactly.")
     tie = session.parting
     if tie and tie.get("index") == first and dtype != "float32":
@@ -338,6 +340,7 @@ def generate(ctx: AppContext, session: Session, step_mode: bool = False, race: b
         if step_mode:
             yield first_view()
             session.stepper, session.stepper_request = events, request
+            ctx.paused.hold(session, paused_run_bytes(ctx, request))   # bounded in time and memory
             yield from _step(ctx, session)
             return
         t0 = time.perf_counter()
@@ -381,15 +384,23 @@ def step(ctx: AppContext, session: Session):
         yield from _step(ctx, session)
 
 
+def paused_run_bytes(ctx: AppContext, request: Request) -> int:
+    """The KV caches a paused step-mode run holds (``limits.kv_bytes``)."""
+    prompt_tokens = len(ctx.engine.encode_prompt(request.prompt))
+    tree_tokens = request.tree.total_tokens if request.tree.uses_draft else 0
+    return kv_bytes(ctx.engine, prompt_tokens, request.max_new_tokens, tree_tokens)
+
+
 def check_step(session: Session) -> None:
     """Raise the message a Step click gets when no step-mode run is paused."""
     if session.stepper is None:
-        raise ValueError("Nothing to step: tick 'step mode' and press Generate first.")
+        raise ValueError(session.expired or "Nothing to step: tick 'step mode' and press Generate first.")
 
 
 def _step(ctx: AppContext, session: Session):
     check_step(session)
     request = session.stepper_request
+    ctx.paused.touch(session)
     ev = ctx.engine_thread.call(next, session.stepper, None)   # one target forward, on the engine thread
     if ev is not None and ev.type == "step":
         session.steps.append(ev)
@@ -458,8 +469,9 @@ def show_trace(session: Session, trace: traces.Trace, name: str) -> dict:
     session.steps, session.summary = list(trace.steps), trace.summary
     if trace.vanilla_steps is not None:
         session.race_vanilla = VanillaRun(("trace", name), list(trace.vanilla_steps), trace.vanilla_summary)
-    where = ", ".join(f"{k} {v}" for k, v in trace.model.items() if v)
-    return final_view(session, f"replaying {name} ({where}) — no model involved.")
+    # the trace's model note is the uploader's text: shown as code, never as Markdown
+    where = ", ".join(f"{md_code(k, 40)} {md_code(v)}" for k, v in trace.model.items() if v)
+    return final_view(session, f"replaying {md_code(name)} ({where}) — no model involved.")
 
 
 def read_trace_file(ctx: AppContext, path) -> traces.Trace:

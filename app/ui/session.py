@@ -38,13 +38,16 @@ class Session:
     # Stop. Plain flags, not threading primitives: gr.State deep-copies its initial value.
     busy: bool = False                                # a Generate / Step / Explore handler is running
     stop_requested: bool = False                      # Stop was pressed; that handler ends at its next update
+    expired: str = ""                                 # why the server ended this visitor's paused run (limits.PausedRuns)
+    _bytes_key: tuple = ()                            # limits.session_bytes' cache: its estimate of the records held
+    _bytes: int = 0
 
     def start(self, settings: dict, model: dict, source: str = "live") -> None:
         """Forget the run on screen and start a new one."""
         self.close()
         self.settings, self.model, self.source = dict(settings), dict(model), source
         self.steps, self.summary, self.race_vanilla, self.app_seconds = [], None, None, None
-        self.load, self.parting = None, None
+        self.load, self.parting, self.expired = None, None, ""
 
     @contextmanager
     def running(self):

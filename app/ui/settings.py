@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from app.engine.config import GenerationLimits, TreeConfig
 from app.engine.threads import ThreadGovernor
 from app.ui.engine_thread import EngineThread
+from app.ui.limits import PausedRuns, PublicLimits
+from app.viz.safe import md_code
 
 
 def _env_int(name: str, default: int) -> int:
@@ -81,6 +83,7 @@ class ServerConfig:
     trace_max_bytes: int = 4_000_000
     session_ttl_s: int = 1800          # a visitor's state is dropped after 30 idle minutes
     auto_tree: bool = True             # default tree knobs from app.engine.autotune
+    public_limits: PublicLimits = field(default_factory=PublicLimits)   # per-visitor bounds (app/ui/limits.py)
 
     @classmethod
     def from_env(cls) -> "ServerConfig":
@@ -118,6 +121,11 @@ class AppContext:
     # probe forward is built on the engine thread at the first run.
     threads: ThreadGovernor = field(default_factory=ThreadGovernor, repr=False)
     thread_probe: object | None = field(default=None, repr=False)
+    paused: PausedRuns | None = field(default=None, repr=False)   # every paused step-mode run (limits.py)
+
+    def __post_init__(self):
+        if self.paused is None:
+            self.paused = PausedRuns(self.config.public_limits)
 
     @property
     def update_interval(self) -> float:
@@ -163,8 +171,8 @@ def _load_context(config: ServerConfig, engine_thread: EngineThread, log) -> App
     if missing:
         missing = f"No draft head loaded ({missing}). Vanilla decoding and recorded traces still work."
     head_name = config.draft_model or "shipped head models/eagle-smollm2-135m-instruct"
-    note = (f"target **{target.name}** on {target.device.type} ({str(target.dtype).replace('torch.', '')}); "
-            + (f"draft head: {head_name}" if head is not None else "no draft head"))
+    note = (f"target {md_code(target.name)} on {target.device.type} ({str(target.dtype).replace('torch.', '')}); "
+            + (f"draft head: {md_code(head_name)}" if head is not None else "no draft head"))
     tree, choice = TreeConfig(), None
     if head is not None and config.auto_tree:
         tree, tree_note, choice = auto_tree_defaults(engine, log)
