@@ -349,6 +349,8 @@ def generate(ctx: AppContext, session: Session, step_mode: bool = False, race: b
         try:
             yield first_view()   # drawn meanwhile
             for batch in run.batches(ctx.update_interval):
+                if session.stop_requested:
+                    return      # before taking the batch: a stopped run or race is never recorded as finished
                 for side, ev in batch:
                     if side == VANILLA:
                         if ev.type == "summary":

@@ -133,7 +133,7 @@ def session_bytes(session) -> int:
 
     if not isinstance(session, Session):
         return 0
-    runs = [session.steps] + [v.steps for v in (session.vanilla, session.race_vanilla) if v is not None]
+    runs = [session.steps] + ([session.race_vanilla.steps] if session.race_vanilla is not None else [])
     key = tuple(len(r) for r in runs) + (id(session.steps),)
     if session._bytes_key != key:
         total = 0
