@@ -12,7 +12,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-METHODS = ("vanilla", "dynamic", "static", "chain", "threshold")
+METHODS = ("vanilla", "dynamic", "static", "chain", "threshold", "pld", "lookahead", "medusa")
+# Who proposes the nodes: the EAGLE head grows the tree for these four policies; the other
+# drafters (app/engine/drafters/) need no EAGLE head: prompt lookup and lookahead need no
+# trained weights at all, Medusa has its own heads.
+HEAD_METHODS = ("dynamic", "static", "chain", "threshold")
+DRAFTER_METHODS = ("pld", "lookahead", "medusa")
+MAX_POOL = 1024
 
 # Upper bounds: generous for a GPU, but small enough that a stray API call cannot ask for a
 # tree or an answer that takes the server down.
@@ -56,13 +62,21 @@ class TreeConfig:
     """How the draft tree is grown each step.
 
     method:          vanilla (no draft) | dynamic (EAGLE-2) | static (EAGLE-1) | chain | threshold
-    depth:           deepest level of drafted nodes (= draft forwards per step)
+                     | pld (prompt lookup) | lookahead (Jacobi n-grams) | medusa (Medusa heads)
+    depth:           deepest level of drafted nodes (= draft forwards per step); pld: longest
+                     continuation proposed; medusa: heads used (at most the heads loaded)
     top_k:           EAGLE-2 branching: nodes expanded per level, children proposed per node
     total_tokens:    at most this many draft nodes are verified (all tree methods)
     tau_high/low:    threshold method: a node with confidence > tau_high gets 2 children,
                      > tau_low 1 child, otherwise none
     min_confidence:  any method: drop nodes whose cumulative confidence is below this
-    static_shape:    static method: the tree as paths of child ranks (see DEFAULT_STATIC_SHAPE)
+    static_shape:    static and medusa: the tree as paths of child ranks (see DEFAULT_STATIC_SHAPE)
+    ngram:           pld: longest n-gram of the context's end looked up (then shorter ones);
+                     lookahead: N, the size of the n-grams collected (N - 1 tokens proposed)
+    window:          lookahead: W, Jacobi guesses carried from step to step
+    pool:            lookahead: n-grams kept per first token (the oldest are dropped)
+    pld and lookahead put top_k candidate continuations in the tree (lookahead: top_k
+    n-grams from the pool beside its window), at most total_tokens nodes in all.
     """
 
     method: str = "dynamic"
@@ -73,6 +87,9 @@ class TreeConfig:
     tau_low: float = 0.05
     min_confidence: float = 0.0
     static_shape: tuple[tuple[int, ...], ...] = DEFAULT_STATIC_SHAPE
+    ngram: int = 3
+    window: int = 4
+    pool: int = 8
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -87,6 +104,9 @@ class TreeConfig:
                 f"tau_low must be <= tau_high (0 <= tau_low <= tau_high <= 1), "
                 f"got tau_low={self.tau_low}, tau_high={self.tau_high}")
         _check_float("min_confidence", self.min_confidence, 0.0, 1.0)
+        _check_int("ngram", self.ngram, 2 if self.method == "lookahead" else 1, MAX_DEPTH)
+        _check_int("window", self.window, 1, MAX_DEPTH)
+        _check_int("pool", self.pool, 1, MAX_POOL)
         shape = tuple(tuple(p) for p in self.static_shape)
         object.__setattr__(self, "static_shape", shape)
         if not shape or len(shape) > MAX_TOTAL_TOKENS:
@@ -107,11 +127,29 @@ class TreeConfig:
             out.update(tau_high=self.tau_high, tau_low=self.tau_low)
         if self.min_confidence > 0:
             out["min_confidence"] = self.min_confidence
+        if self.method in ("pld", "lookahead"):
+            out["ngram"] = self.ngram
+        if self.method == "lookahead":
+            out.update(window=self.window, pool=self.pool)
         return out
 
     @property
     def uses_draft(self) -> bool:
         return self.method != "vanilla"
+
+    @property
+    def uses_head(self) -> bool:
+        """Whether the EAGLE head drafts (the other drafters need none)."""
+        return self.method in HEAD_METHODS
+
+    @property
+    def max_path(self) -> int:
+        """The most draft tokens one step can accept (a step writes them past the answer)."""
+        if not self.uses_draft:
+            return 0
+        if self.method == "lookahead":
+            return min(self.total_tokens, max(self.window, self.ngram - 1))
+        return self.depth
 
     @property
     def one_wide(self) -> bool:
