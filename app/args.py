@@ -22,6 +22,8 @@ def add_tree_arguments(p: argparse.ArgumentParser) -> None:
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-model", default=None, help="target: hub id or folder (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--draft-model", default=None, help="EAGLE head: hub id or folder (default: the shipped head)")
+    p.add_argument("--medusa-model", default=None,
+                   help="Medusa heads folder for the medusa method (default: models/medusa-smollm2-135m-instruct)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
     p.add_argument("--dtype", default="auto",
                    help="auto (the faster of float32 and bfloat16 where the hardware has native bfloat16, "

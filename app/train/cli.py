@@ -32,6 +32,11 @@ STAGES = ("prompts", "data", "train", "eval", "all")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--arch", choices=["eagle", "medusa"], default="eagle",
+                   help="what to train on the features: the EAGLE head (default) or Medusa heads "
+                        "(app/train/medusa.py; stage eval is EAGLE's only)")
+    p.add_argument("--medusa-heads", type=int, default=3, help="--arch medusa: number of heads (offsets 2..k+1)")
+    p.add_argument("--medusa-layers", type=int, default=1, help="--arch medusa: residual blocks per head")
     p.add_argument("--stage", choices=STAGES, default="all",
                    help="one stage ('data' = responses + features, shard by shard) or 'all' (default)")
     p.add_argument("--base-model", default=None, help="target: hub id or folder (default: the embedded model)")
@@ -114,7 +119,7 @@ def default_work_dir(name: str) -> Path:
 
 
 def main(args: argparse.Namespace) -> int:
-    from app.engine.loading import DEFAULT_HEAD_DIR, EMBEDDED_ALIASES, EMBEDDED_NAME, choose_device
+    from app.engine.loading import DEFAULT_HEAD_DIR, DEFAULT_MEDUSA_DIR, EMBEDDED_ALIASES, EMBEDDED_NAME, choose_device
 
     try:   # before any stage: a run that would fail at its first model load fails now, in one line
         choose_device(args.device)
@@ -126,6 +131,8 @@ def main(args: argparse.Namespace) -> int:
     work = Path(args.work_dir) if args.work_dir else default_work_dir(name)
     if args.out:
         out = Path(args.out)
+    elif args.arch == "medusa":
+        out = DEFAULT_MEDUSA_DIR if args.base_model in EMBEDDED_ALIASES else work / "medusa"
     else:
         out = DEFAULT_HEAD_DIR if args.base_model in EMBEDDED_ALIASES else work / "head"
     work.mkdir(parents=True, exist_ok=True)
@@ -136,10 +143,17 @@ def main(args: argparse.Namespace) -> int:
             run_prompts(args, work)
         elif stage == "data":
             run_data(args, work)
+        elif stage == "train" and args.arch == "medusa":
+            from app.train.medusa import run_medusa_training
+
+            run_medusa_training(args, work, out)
         elif stage == "train":
             from app.train.trainer import run_training
 
             run_training(args, work, out)
+        elif stage == "eval" and args.arch == "medusa":
+            print("eval: stage eval measures EAGLE heads; for Medusa heads see training.json (held-out top-1 "
+                  "by head) and `python -m app bench --methods vanilla,medusa`", file=sys.stderr)
         elif stage == "eval":
             from app.train.evaluate import run_eval
 

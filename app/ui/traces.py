@@ -22,7 +22,7 @@ import json
 import math
 from dataclasses import dataclass
 
-from app.engine.config import METHODS, MAX_DEPTH, MAX_TOTAL_TOKENS
+from app.engine.config import METHODS, MAX_DEPTH, MAX_POOL, MAX_TOTAL_TOKENS
 from app.engine.events import STATUSES, DraftTreeRecord, RunSummary, StepEvent
 from app.engine.verify import RULES
 
@@ -38,7 +38,8 @@ STEP_KEYS_V1 = {"type", "step", "method", "tree", "accepted", "bonus", "new_toke
                 "draft_ms", "verify_ms", "step_ms"}
 STEP_KEYS = STEP_KEYS_V1 | {"rule", "drafter", "tree_config", "prefill"}
 DRAFTERS = ("eagle2", "eagle3", "medusa", "lookahead", "pld")
-TREE_CONFIG_KEYS = {"method", "depth", "top_k", "total_tokens", "tau_high", "tau_low", "min_confidence"}
+TREE_CONFIG_KEYS = {"method", "depth", "top_k", "total_tokens", "tau_high", "tau_low", "min_confidence",
+                    "ngram", "window", "pool"}
 TREE_KEYS = {"root_token", "tokens", "texts", "parents", "depths", "q", "confidence", "p", "status"}
 SUMMARY_KEYS = {"type", "method", "new_tokens", "seconds", "tokens_per_s", "target_forwards",
                 "mean_accepted", "accepted_by_depth", "token_ids", "text"}
@@ -147,6 +148,9 @@ def _tree_config(where, c) -> dict | None:
     for k in ("depth", "top_k", "total_tokens"):
         if k in c:
             out[k] = _int(f"{where}.{k}", c[k], 1, MAX_TOTAL_TOKENS)
+    for k in ("ngram", "window", "pool"):          # pld / lookahead knobs
+        if k in c:
+            out[k] = _int(f"{where}.{k}", c[k], 1, MAX_POOL)
     for k in ("tau_high", "tau_low", "min_confidence"):
         if k in c:
             out[k] = _num(f"{where}.{k}", c[k], 0.0, 1.0)
