@@ -143,6 +143,55 @@ def test_lookahead_collects_jacobi_ngrams_and_gets_them_accepted(engines):
     assert summary.mean_accepted > 1.5
 
 
+def test_lookahead_jacobi_step_by_hand():
+    """Two Jacobi iterations with known target outputs: the window slides to the outputs past
+    the committed tokens, and n-grams follow each trajectory back across iterations."""
+    from types import SimpleNamespace
+
+    from app.engine.drafters.lookahead import Lookahead
+
+    cfg = TreeConfig(method="lookahead", window=3, ngram=3, top_k=2, total_tokens=10)
+    la = Lookahead(cfg, prompt_ids=[50])
+
+    def verified(root, prefix, outputs):        # the verify forward's argmax at each row
+        return SimpleNamespace(root=root, prefix=prefix, logits=torch.eye(64)[outputs])
+
+    la.window = [11, 12, 13]
+    tree = la.draft(None, SimpleNamespace(tokens=[1, 10]), cfg)
+    assert tree.tokens == [11, 12, 13] and tree.parents == [ROOT, 0, 1] and la.window_nodes == [0, 1, 2]
+    # iteration 1 at root 10 (position 100): rows root, 11, 12, 13 -> 21, 22, 23, 24; nothing accepted
+    la.observe(None, None, verified(10, 100, [21, 22, 23, 24]), tree, [], 21, cfg)
+    assert la.window == [22, 23, 24] and la.pool == {}          # N = 3 needs two iterations
+    tree = la.draft(None, SimpleNamespace(tokens=[1, 10, 21]), cfg)
+    # iteration 2 at root 21 (position 101): -> 31, 32, 33, 34; the guess 22 accepted, bonus 32
+    la.observe(None, None, verified(21, 101, [31, 32, 33, 34]), tree, [0], 32, cfg)
+    assert la.candidates(10, 2) == [[21, 31]] and la.candidates(11, 2) == [[22, 32]]
+    assert la.candidates(13, 2) == [[24, 34]]
+    assert la.window[:2] == [33, 34] and la.window[2] == 50      # padded with a prompt token
+    tree = la.draft(None, SimpleNamespace(tokens=[1, 10, 21, 22, 32, 13]), cfg)   # root 13: one pool n-gram
+    assert tree.tokens == [33, 34, 50, 24, 34] and tree.parents == [ROOT, 0, 1, ROOT, 3]
+
+
+def test_medusa_reads_the_feature_before_the_root(engines):
+    """Each step's depth-1 best node is head 1's argmax on the target's feature at the token
+    before the root: recomputed here with a plain forward over the committed tokens."""
+    engine = engines[0]
+    target, heads = engine.target, engine.medusa
+    prompt = PROMPTS[0]
+    steps, _ = run(engine, prompt, TreeConfig(method="medusa", depth=3, total_tokens=24), n=30)
+    committed = list(prompt) + steps[0].new_tokens
+    checked = 0
+    for s in steps[1:]:
+        with torch.no_grad():
+            feature = target.model.model(torch.tensor([committed])).last_hidden_state[0, -2]   # (H,)
+            best = int(heads(feature, 1)[0].argmax())
+        first = max((i for i in range(len(s.tree)) if s.tree.depths[i] == 1), key=lambda i: s.tree.q[i])
+        assert s.tree.tokens[first] == best
+        checked += bool(s.accepted)
+        committed += s.new_tokens
+    assert checked >= 3          # including steps that accepted a path, where the row matters
+
+
 def test_records_name_their_drafter_and_load_as_a_trace(engines):
     """Step records carry drafter / tree_config / rule for every drafter, and a trace of them
     passes the trace validator (what the page loads)."""
