@@ -318,3 +318,36 @@ def test_a_training_step_reduces_the_loss(tiny):
     after, acc_after = medusa_loss(heads, batch)
     assert float(after) < 0.9 * float(before)
     assert sum(acc_after) > sum(acc_before)
+
+
+def test_medusa_training_stage_ships_loadable_heads_and_resumes(tmp_path, monkeypatch):
+    """``train --arch medusa`` on feature shards: the heads come out in the published layout
+    with their draft vocabulary, load strictly for the target, and a rerun with a larger
+    budget resumes from the checkpoint instead of starting over."""
+    import argparse
+    import json
+
+    from app.engine import loading
+    from app.train.medusa import run_medusa_training
+    from tests.test_train import _tiny_shard
+    from tests.tiny import tiny_target
+
+    target = tiny_target(seed=5)
+    monkeypatch.setattr(loading, "load_target", lambda *a, **k: target)
+    for shard in range(2):
+        _tiny_shard(target, shard, n=6, new_tokens=24).save(tmp_path / "features" / f"shard_{shard:05d}.safetensors")
+    args = argparse.Namespace(
+        base_model=None, run_name="m", holdout=["shard_00001.safetensors"], seed=0, device="cpu",
+        medusa_heads=2, medusa_layers=1, epochs=2, batch_tokens=256, lr=3e-3, weight_decay=0.0, warmup_steps=2,
+        clip=0.5, checkpoint_every=100, train_minutes=None, loss_vocab="draft", draft_vocab_size=40)
+    out = tmp_path / "medusa"
+    first = run_medusa_training(args, tmp_path, out)
+    assert first["step"] > 0 and len(first["holdout_top1"]) == 2
+    heads = loading.load_medusa_heads(str(out), target)
+    assert heads.num_heads == 2 and len(heads.vocab_ids) == 40 and heads[0][-1].weight.shape == (40, 64)
+    assert json.loads((out / "training.json").read_text())["step"] == first["step"]
+    again = run_medusa_training(argparse.Namespace(**{**vars(args), "epochs": 4}), tmp_path, out)
+    assert again["step"] == 2 * first["step"]
+    engine = Engine(target, None, medusa=heads)
+    *_, summary = engine.generate(prompt_ids=[5, 17, 33], tree=TreeConfig(method="medusa"), max_new_tokens=12)
+    assert summary.token_ids == hf_greedy(target, [5, 17, 33], 12)
