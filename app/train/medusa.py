@@ -144,9 +144,9 @@ def run_medusa_training(args, work: Path, out: Path) -> dict:
         state["step"] += 1
         state["batch"] += 1
         state["seconds"] = seconds_before + time.perf_counter() - t_start
-        state["history"].append({"step": state["step"], "loss": float(loss), "top1": acc})
+        state["history"] = state["history"][-199:] + [{"step": state["step"], "loss": float(loss.detach()), "top1": acc}]
         if state["step"] % 10 == 0:
-            log(f"medusa step {state['step']}: loss {float(loss):.3f}, top-1 by head "
+            log(f"medusa step {state['step']}: loss {float(loss.detach()):.3f}, top-1 by head "
                 + " ".join(f"{a:.2f}" for a in acc))
         if state["step"] % args.checkpoint_every == 0:
             save()
