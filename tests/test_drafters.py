@@ -196,7 +196,8 @@ def test_records_name_their_drafter_and_load_as_a_trace(engines):
     """Step records carry drafter / tree_config / rule for every drafter, and a trace of them
     passes the trace validator (what the page loads)."""
     engine = engines[0]
-    for method, extra in (("pld", {"ngram": 3}), ("lookahead", {"ngram": 3, "window": 4, "pool": 8}),
+    for method, extra in (("pld", {"ngram": 3, "q": "count"}),
+                          ("lookahead", {"ngram": 3, "window": 4, "pool": 8, "q": "count"}),
                           ("medusa", {})):
         tree = TreeConfig(method=method)
         steps, summary = run(engine, PROMPTS[1], tree, n=12)

@@ -128,7 +128,9 @@ class TreeConfig:
         if self.min_confidence > 0:
             out["min_confidence"] = self.min_confidence
         if self.method in ("pld", "lookahead"):
-            out["ngram"] = self.ngram
+            # their nodes' q is the share of candidates through the parent that continue with the
+            # node's token (app/engine/drafters.tree_from_sequences), not a model's probability
+            out.update(ngram=self.ngram, q="count")
         if self.method == "lookahead":
             out.update(window=self.window, pool=self.pool)
         return out

@@ -25,7 +25,9 @@ token from its last row, as plain decoding does; from step 1 on, every step is f
              features as the head's next pending pairs.
     record   the StepEvent: the tree with every node's fate, the rule that ran, timings.
 
-Vanilla decoding runs the same target forward with a single token and no tree.
+Vanilla decoding runs the same target forward with a single token and no tree. The other
+drafters the EAGLE papers compare with (prompt lookup, lookahead, Medusa; app/engine/drafters)
+replace the head in ``draft`` and read the verify forward after ``commit``; the rest is shared.
 """
 from __future__ import annotations
 

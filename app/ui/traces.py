@@ -39,7 +39,7 @@ STEP_KEYS_V1 = {"type", "step", "method", "tree", "accepted", "bonus", "new_toke
 STEP_KEYS = STEP_KEYS_V1 | {"rule", "drafter", "tree_config", "prefill"}
 DRAFTERS = ("eagle2", "eagle3", "medusa", "lookahead", "pld")
 TREE_CONFIG_KEYS = {"method", "depth", "top_k", "total_tokens", "tau_high", "tau_low", "min_confidence",
-                    "ngram", "window", "pool"}
+                    "ngram", "window", "pool", "q"}
 TREE_KEYS = {"root_token", "tokens", "texts", "parents", "depths", "q", "confidence", "p", "status"}
 SUMMARY_KEYS = {"type", "method", "new_tokens", "seconds", "tokens_per_s", "target_forwards",
                 "mean_accepted", "accepted_by_depth", "token_ids", "text"}
@@ -151,6 +151,10 @@ def _tree_config(where, c) -> dict | None:
     for k in ("ngram", "window", "pool"):          # pld / lookahead knobs
         if k in c:
             out[k] = _int(f"{where}.{k}", c[k], 1, MAX_POOL)
+    if "q" in c:                                   # what the nodes' q means when it is not a probability
+        if c["q"] != "count":
+            _fail(f"{where}.q", "must be \"count\" (or absent: q is the drafter's probability)")
+        out["q"] = "count"
     for k in ("tau_high", "tau_low", "min_confidence"):
         if k in c:
             out[k] = _num(f"{where}.{k}", c[k], 0.0, 1.0)
