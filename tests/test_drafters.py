@@ -321,6 +321,8 @@ def test_a_training_step_reduces_the_loss(tiny):
         after, acc_after = medusa_loss(heads, batch)
     assert float(after) < 0.9 * float(before)
     assert sum(acc_after) > sum(acc_before)
+    # the residual blocks (started at zero) learn too, not only the LM heads
+    assert all(float(block.linear.weight.abs().sum()) > 0 for head in heads for block in list(head)[:-1])
 
 
 def test_medusa_training_stage_ships_loadable_heads_and_resumes(tmp_path, monkeypatch):
