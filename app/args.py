@@ -17,11 +17,17 @@ def add_tree_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tau-high", type=float, default=_TREE.tau_high, help="threshold method: 2 children above this confidence")
     p.add_argument("--tau-low", type=float, default=_TREE.tau_low, help="threshold method: 1 child above this confidence")
     p.add_argument("--min-confidence", type=float, default=_TREE.min_confidence, help="drop nodes below this confidence")
+    p.add_argument("--ngram", type=int, default=_TREE.ngram,
+                   help="pld: longest n-gram looked up; lookahead: size N of the n-grams collected")
+    p.add_argument("--window", type=int, default=_TREE.window, help="lookahead: Jacobi guesses W")
+    p.add_argument("--pool", type=int, default=_TREE.pool, help="lookahead: n-grams kept per first token")
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-model", default=None, help="target: hub id or folder (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--draft-model", default=None, help="EAGLE head: hub id or folder (default: the shipped head)")
+    p.add_argument("--medusa-model", default=None,
+                   help="Medusa heads folder for the medusa method (default: models/medusa-smollm2-135m-instruct)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
     p.add_argument("--dtype", default="auto",
                    help="auto (the faster of float32 and bfloat16 where the hardware has native bfloat16, "
@@ -38,7 +44,9 @@ def tree_config_from(args, method: str | None = None) -> TreeConfig:
     pick = lambda value, default: default if value is None else value  # noqa: E731
     return TreeConfig(method=method or args.method, depth=pick(args.depth, _TREE.depth),
                       top_k=pick(args.top_k, _TREE.top_k), total_tokens=pick(args.total_tokens, _TREE.total_tokens),
-                      tau_high=args.tau_high, tau_low=args.tau_low, min_confidence=args.min_confidence)
+                      tau_high=args.tau_high, tau_low=args.tau_low, min_confidence=args.min_confidence,
+                      ngram=getattr(args, "ngram", _TREE.ngram), window=getattr(args, "window", _TREE.window),
+                      pool=getattr(args, "pool", _TREE.pool))
 
 
 def wants_auto_tree(args) -> bool:

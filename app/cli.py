@@ -59,8 +59,10 @@ def main(args) -> int:
         from app.engine.factory import load_engine
 
         engine, _ = load_engine(args.base_model, args.draft_model, args.device, args.dtype,
-                                head="required" if tree.uses_draft else "none",
-                                full_draft_vocab=args.full_draft_vocab)
+                                head="required" if tree.uses_head else "none",
+                                full_draft_vocab=args.full_draft_vocab,
+                                medusa="required" if tree.method == "medusa" else "none",
+                                medusa_model=args.medusa_model)
         say = lambda m: print(f"[auto] {m}", file=sys.stderr, flush=True)  # noqa: E731
         from app.engine.threads import engine_probe
 

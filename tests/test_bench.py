@@ -101,7 +101,11 @@ def test_parse_methods_variants():
     assert specs[1].tree.method == "vanilla" and not specs[1].uses_head
     assert (specs[3].tree.total_tokens, specs[3].tree.depth, specs[3].tree.top_k) == (60, 5, 10)
     assert specs[4].auto and specs[5].tree.method == "chain" and specs[5].tree.total_tokens == 24
-    for bad in ("dynamic:60/5", "chain:auto", "hf:1/2/3", "vanilla,vanilla", "", "dynamic:600/5/10"):
+    drafters = parse_methods("pld,pld:16/6/4,lookahead,medusa", base)
+    assert [s.tree.method for s in drafters] == ["pld", "pld", "lookahead", "medusa"]
+    assert not any(s.uses_head for s in drafters) and [s.uses_medusa for s in drafters] == [False] * 3 + [True]
+    assert (drafters[1].tree.total_tokens, drafters[1].tree.depth, drafters[1].tree.top_k) == (16, 6, 4)
+    for bad in ("dynamic:60/5", "chain:auto", "hf:1/2/3", "vanilla,vanilla", "", "dynamic:600/5/10", "pld:auto"):
         with pytest.raises(ValueError):
             parse_methods(bad, base)
 
@@ -257,3 +261,31 @@ def test_generate_cli_auto_tree_prints_its_choice_and_cost_curve(tiny_folders, t
         assert "starting at the tuned" in err and "[auto] kept forward cost T(n): 1: " in err
     finally:
         del os.environ["EAGLE_LENS_CACHE"]
+
+
+def test_bench_runs_the_other_drafters_without_an_eagle_head(tiny_folders, tmp_path, capsys, monkeypatch):
+    """pld, lookahead and medusa as benchmark methods: no EAGLE head is loaded (none is
+    needed), Medusa heads come from --medusa-model, and every method reproduces vanilla."""
+    from app.engine.drafters.medusa import MedusaHeads
+    from app.engine.loading import load_target
+
+    target = load_target(str(tiny_folders / "target"), device="cpu", dtype="float32")
+    MedusaHeads.from_target(target.model, 2).save(tmp_path / "medusa")
+    out = tmp_path / "out"
+    monkeypatch.setattr(tiny_suites(tmp_path / "eval"), "EVAL_DIR", tmp_path / "eval")
+    labels = ["vanilla", "pld", "pld:16/6/4", "lookahead", "medusa"]
+    rc = app_main(["bench", "--suite", "alpha", "--limit", "2", "--max-new-tokens", "12", "--warmup-tokens", "2",
+                   "--methods", ",".join(labels), "--base-model", str(tiny_folders / "target"),
+                   "--draft-model", str(tmp_path / "no-such-head"), "--medusa-model", str(tmp_path / "medusa"),
+                   "--device", "cpu", "--dtype", "float32", "--threads", "1", "--out", str(out), "--plotly-js", "none"])
+    assert rc == 0, capsys.readouterr().err
+    doc = json.loads((out / "results.json").read_text())
+    table = doc["summary"]["alpha"]
+    assert list(table) == labels
+    for label in labels:
+        assert table[label]["identical_to_vanilla"] == [2, 2]
+    assert table["pld:16/6/4"]["tree"] == {"total_tokens": 16, "depth": 6, "top_k": 4}
+    assert table["lookahead"]["tree"]["total_tokens"] == 24 and table["vanilla"]["tree"] is None
+    assert doc["meta"]["head"].startswith("none") and doc["meta"]["medusa"] == str(tmp_path / "medusa")
+    for r in doc["runs"]:
+        assert r["method"] == "vanilla" or r["tree"]["method"] == r["method"].partition(":")[0]

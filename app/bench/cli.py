@@ -24,7 +24,7 @@ from pathlib import Path
 from app.bench.prompts import load_suite, parse_suites
 from app.bench.runners import ALL_METHODS, parse_methods, run_one
 
-DEFAULT_METHODS = ",".join(m for m in ALL_METHODS if m != "hf-fp32")
+DEFAULT_METHODS = ",".join(m for m in ALL_METHODS if m not in ("hf-fp32", "medusa"))   # medusa: its own heads
 QUICK = {"suite": "mt_bench", "limit": 2, "max_new_tokens": 32, "methods": "hf,vanilla,dynamic", "warmup_tokens": 8}
 DEFAULTS = {"suite": "mt_bench", "limit": 10, "max_new_tokens": 256, "methods": DEFAULT_METHODS, "warmup_tokens": 16}
 
@@ -116,7 +116,9 @@ def main(args) -> int:
         sampling = SamplingConfig(temperature=args.temperature, seed=args.seed)
         need_head = any(s.uses_head for s in specs)
         engine, _ = load_engine(args.base_model, args.draft_model, args.device, args.dtype,
-                                head="required" if need_head else "none")
+                                head="required" if need_head else "none",
+                                medusa="required" if any(s.uses_medusa for s in specs) else "none",
+                                medusa_model=args.medusa_model)
     except (ValueError, FileNotFoundError, KeyError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -221,6 +223,7 @@ def run_benchmark(engine, args, suites, specs, sampling) -> int:
         + ", ".join(f"{n} thread(s) x{thread_counts.count(n)}" for n in sorted(set(thread_counts))),
         "busy_processes": args.busy, "load_start": load_start, "load_end": _load(),
         "target": engine.target.name, "head": head or "none (no tree method)",
+        "medusa": str(engine.medusa.folder) if engine.medusa is not None else None,
         "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "seed": args.seed,
         "suites": suites, "limit": args.limit, "methods": [s.label for s in specs], "auto_tree": auto_text,
         "auto_tree_report": auto_report,

@@ -30,7 +30,7 @@ def method_stats(runs: list[RunRecord], spec: MethodSpec, vanilla_runs: dict | N
     stats = {
         "method": spec.label,
         "tree": ({"total_tokens": spec.tree.total_tokens, "depth": spec.tree.depth, "top_k": spec.tree.top_k}
-                 if spec.uses_head else None),
+                 if spec.tree is not None and spec.tree.uses_draft else None),
         "runs": len(runs),
         "new_tokens": sum(r.new_tokens for r in runs),
         "timed_tokens": timed,

@@ -38,7 +38,7 @@ class MethodSpec:
     """
 
     label: str
-    method: str                       # hf | hf-pld | vanilla | dynamic | static | chain | threshold
+    method: str                       # hf | hf-pld | hf-fp32 | one of config.METHODS
     tree: TreeConfig | None = None    # None for hf methods
     auto: bool = False
     adaptive: bool = False            # dynamic:adaptive: the tree adapts while decoding (app.engine.adapt)
@@ -51,7 +51,12 @@ class MethodSpec:
 
     @property
     def uses_head(self) -> bool:
-        return self.tree is not None and self.tree.uses_draft
+        """Whether the EAGLE head drafts (pld, lookahead and medusa need none)."""
+        return self.tree is not None and self.tree.uses_head
+
+    @property
+    def uses_medusa(self) -> bool:
+        return self.tree is not None and self.tree.method == "medusa"
 
 
 def parse_methods(spec: str, base: TreeConfig) -> list[MethodSpec]:
@@ -204,8 +209,7 @@ def run_engine(engine, spec: MethodSpec, suite: str, qid, prompt_ids: list[int],
                      timed_tokens=timed, seconds=summary.seconds, forwards=summary.target_forwards,
                      draft_ms=draft, verify_ms=verify, step_ms=step, depth_reached=reached,
                      depth_accepted=accepted, token_ids=list(summary.token_ids), text=summary.text,
-                     tree={"total_tokens": t.total_tokens, "depth": t.depth, "top_k": t.top_k}
-                     if t.uses_draft else None)
+                     tree=t.shape() if t.uses_draft else None)
 
 
 def run_one(engine, spec: MethodSpec, suite: str, qid, prompt_ids, sampling, max_new_tokens,

@@ -19,8 +19,15 @@ import math
 import reprlib
 from dataclasses import dataclass
 
-METHODS = ("vanilla", "dynamic", "static", "chain", "threshold")
-TREE_METHODS = tuple(m for m in METHODS if m != "vanilla")   # the methods that draft a tree
+METHODS = ("vanilla", "dynamic", "static", "chain", "threshold", "pld", "lookahead", "medusa")
+# Who proposes the nodes: the EAGLE head grows the tree for these four policies; the other
+# drafters (app/engine/drafters/) need no EAGLE head: prompt lookup and lookahead need no
+# trained weights at all, Medusa has its own heads.
+HEAD_METHODS = ("dynamic", "static", "chain", "threshold")
+DRAFTER_METHODS = ("pld", "lookahead", "medusa")
+TREE_METHODS = HEAD_METHODS + DRAFTER_METHODS   # the methods that draft a tree
+PAGE_METHODS = HEAD_METHODS + ("vanilla",)      # what the page offers (its own drafter views come later)
+MAX_POOL = 1024
 
 # Upper bounds: generous for a GPU, but small enough that a stray API call cannot ask for a
 # tree or an answer that takes the server down.
@@ -96,6 +103,7 @@ class Setting:
     hi: float | None = None
     least_positive: float | None = None
     choices: tuple[str, ...] = ()
+    page_choices: tuple[str, ...] = ()   # the choices the page offers, where fewer than the engine's
     methods: tuple[str, ...] = METHODS
     page_hi: float | None = None
     owner: str = "request"
@@ -178,8 +186,10 @@ class Setting:
                              "surrogate") from None
 
     def check_page_cap(self, value):
-        """``value`` if it is within the page's cap (``page_hi``); the engine's range is
-        ``check``'s. The page (and its API) then accept exactly what its control offers."""
+        """``value`` if it is within the page's cap (``page_hi``, ``page_choices``); the engine's
+        range is ``check``'s. The page (and its API) then accept exactly what its control offers."""
+        if self.page_choices and value not in self.page_choices:
+            raise ValueError(f"{self.name} must be one of {', '.join(self.page_choices)} on this page, got {shown(value)}")
         if self.page_hi is not None and value > self.page_hi:
             self.refuse(value, self.page_hi, " on this page")
         return value
@@ -188,7 +198,7 @@ class Setting:
 # The settings of one request, in the order the page's events (and its API) take them.
 SETTINGS: tuple[Setting, ...] = (
     Setting("prompt", "str", None, hi=MAX_PROMPT_CHARS, label="Prompt"),
-    Setting("method", "choice", "dynamic", choices=TREE_METHODS + ("vanilla",), owner="tree", label="Method"),
+    Setting("method", "choice", "dynamic", choices=METHODS, page_choices=PAGE_METHODS, owner="tree", label="Method"),
     Setting("max_new_tokens", "int", 96, 1, MAX_NEW_TOKENS, label="max new tokens", step=1),
     Setting("temperature", "float", 0.0, 0.0, 100.0, least_positive=0.01, page_hi=2.0, owner="sampling",
             label="temperature (0 = greedy)", step=0.05),
@@ -221,13 +231,21 @@ class TreeConfig:
     """How the draft tree is grown each step.
 
     method:          vanilla (no draft) | dynamic (EAGLE-2) | static (EAGLE-1) | chain | threshold
-    depth:           deepest level of drafted nodes (= draft forwards per step)
+                     | pld (prompt lookup) | lookahead (Jacobi n-grams) | medusa (Medusa heads)
+    depth:           deepest level of drafted nodes (= draft forwards per step); pld: longest
+                     continuation proposed; medusa: heads used (at most the heads loaded)
     top_k:           EAGLE-2 branching: nodes expanded per level, children proposed per node
     total_tokens:    at most this many draft nodes are verified (all tree methods)
     tau_high/low:    threshold method: a node with confidence > tau_high gets 2 children,
                      > tau_low 1 child, otherwise none
     min_confidence:  any method: drop nodes whose cumulative confidence is below this
-    static_shape:    static method: the tree as paths of child ranks (see DEFAULT_STATIC_SHAPE)
+    static_shape:    static and medusa: the tree as paths of child ranks (see DEFAULT_STATIC_SHAPE)
+    ngram:           pld: longest n-gram of the context's end looked up (then shorter ones);
+                     lookahead: N, the size of the n-grams collected (N - 1 tokens proposed)
+    window:          lookahead: W, Jacobi guesses carried from step to step
+    pool:            lookahead: n-grams kept per first token (the oldest are dropped)
+    pld and lookahead put top_k candidate continuations in the tree (lookahead: top_k
+    n-grams from the pool beside its window), at most total_tokens nodes in all.
     """
 
     method: str = _default("method")
@@ -238,6 +256,9 @@ class TreeConfig:
     tau_low: float = _default("tau_low")
     min_confidence: float = _default("min_confidence")
     static_shape: tuple[tuple[int, ...], ...] = DEFAULT_STATIC_SHAPE
+    ngram: int = 3
+    window: int = 4
+    pool: int = 8
 
     def __post_init__(self) -> None:
         for s in SETTINGS:
@@ -249,6 +270,11 @@ class TreeConfig:
             raise ValueError(
                 f"tau_low must be <= tau_high (0 <= tau_low <= tau_high <= 1), "
                 f"got tau_low={self.tau_low:g}, tau_high={self.tau_high:g}")
+        for name, lo, hi in (("ngram", 2 if self.method == "lookahead" else 1, MAX_DEPTH), ("window", 1, MAX_DEPTH),
+                             ("pool", 1, MAX_POOL)):          # prompt lookup / lookahead knobs
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+                raise ValueError(f"{name} must be an integer in [{lo}, {hi}], got {shown(value)}")
         shape = tuple(tuple(p) for p in self.static_shape)
         object.__setattr__(self, "static_shape", shape)
         if not shape or len(shape) > MAX_TOTAL_TOKENS:
@@ -269,11 +295,31 @@ class TreeConfig:
             out.update(tau_high=self.tau_high, tau_low=self.tau_low)
         if self.min_confidence > 0:
             out["min_confidence"] = self.min_confidence
+        if self.method in ("pld", "lookahead"):
+            # their nodes' q is the share of candidates through the parent that continue with the
+            # node's token (app/engine/drafters.tree_from_sequences), not a model's probability
+            out.update(ngram=self.ngram, q="count")
+        if self.method == "lookahead":
+            out.update(window=self.window, pool=self.pool)
         return out
 
     @property
     def uses_draft(self) -> bool:
         return self.method != "vanilla"
+
+    @property
+    def uses_head(self) -> bool:
+        """Whether the EAGLE head drafts (the other drafters need none)."""
+        return self.method in HEAD_METHODS
+
+    @property
+    def max_path(self) -> int:
+        """The most draft tokens one step can accept (a step writes them past the answer)."""
+        if not self.uses_draft:
+            return 0
+        if self.method == "lookahead":
+            return min(self.total_tokens, max(self.window, self.ngram - 1))
+        return self.depth
 
     @property
     def one_wide(self) -> bool:

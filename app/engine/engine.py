@@ -30,7 +30,9 @@ is the target's low/mid/high layers at j (3H wide, returned by the same prefill 
 forwards), what it feeds back at deeper levels is its own hidden state, and it drafts over
 its own vocabulary with its own LM head.
 
-Vanilla decoding runs the same target forward with a single token and no tree.
+Vanilla decoding runs the same target forward with a single token and no tree. The other
+drafters the EAGLE papers compare with (prompt lookup, lookahead, Medusa; app/engine/drafters)
+replace the head in ``draft`` and read the verify forward after ``commit``; the rest is shared.
 """
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ from typing import Iterator
 
 import torch
 
-from app.engine import fused, kv, verify
+from app.engine import drafters, fused, kv, verify
 from app.engine.config import (GenerationLimits, SamplingConfig, TreeConfig, check_max_new_tokens,
                                check_prompt)
 from app.engine.events import DraftTreeRecord, RunSummary, StepEvent, summarize
@@ -67,6 +69,7 @@ class _Run:
     pending_tokens: list[int]          # the P tokens x[j+1] of those pairs
     generator: torch.Generator
     text: str = ""                     # decoded generated text so far (so each step decodes once)
+    drafter: object | None = None      # pld / lookahead / medusa: their per-run state (app/engine/drafters)
 
 
 @dataclass
@@ -177,15 +180,17 @@ class Engine:
     """Speculative decoding with an EAGLE head over a stock transformers causal LM."""
 
     def __init__(self, target: Target, head=None, limits: GenerationLimits = GenerationLimits(),
-                 draft_vocab: torch.Tensor | None = None):
+                 draft_vocab: torch.Tensor | None = None, medusa=None):
         """``draft_vocab``: optional (Vd,) token ids the head may propose (EAGLE-3's reduced
         draft vocabulary). On a CPU the draft's LM head is memory-bound — every draft level
         reads the whole (V, H) matrix, as many bytes as the target's attention layers — so
         restricting it to the tokens the target actually writes makes drafting several times
         cheaper. Verification is untouched, so output stays lossless; only acceptance can
-        drop when the target's token lies outside the set."""
+        drop when the target's token lies outside the set. ``medusa``: optional
+        ``drafters.medusa.MedusaHeads`` for the medusa method."""
         self.target = target
         self.head = head
+        self.medusa = medusa
         self.limits = limits
         model = target.model
         self.body = getattr(model, model.base_model_prefix)    # the decoder stack, ends with the final norm
@@ -216,6 +221,12 @@ class Engine:
     def drafter(self) -> str | None:
         """What proposes this engine's draft nodes (the step records' ``drafter``)."""
         return getattr(self.head, "kind", "eagle2") if self.head is not None else None
+
+    def drafter_for(self, cfg: TreeConfig) -> str | None:
+        """The step records' ``drafter`` for a step drafted with ``cfg``."""
+        if not cfg.uses_draft:
+            return None
+        return cfg.method if cfg.method in drafters.NAMES else self.drafter
 
     # --- inputs ---------------------------------------------------------------------------
 
@@ -248,10 +259,11 @@ class Engine:
         check_max_new_tokens(max_new_tokens, self.limits.max_new_tokens)
         if not prompt_ids:
             raise ValueError("prompt must encode to at least one token")
-        if tree.uses_draft and self.head is None:
+        if tree.uses_head and self.head is None:
             raise ValueError(f"method {tree.method} needs a draft head, and none is loaded")
-        lookahead = tree.depth if tree.uses_draft else 0    # a step may write a whole path past the answer
-        room = self.target.max_positions - len(prompt_ids) - lookahead
+        if tree.method == "medusa" and self.medusa is None:
+            raise ValueError("method medusa needs Medusa heads, and none are loaded")
+        room = self.target.max_positions - len(prompt_ids) - tree.max_path   # a step may write a whole path past the answer
         if max_new_tokens > room:
             raise ValueError(
                 f"max_new_tokens must be at most {room} for this prompt: prompt ({len(prompt_ids)} tokens) "
@@ -322,12 +334,13 @@ class Engine:
         else:
             first = verify.sample(verify.logits_to_probs(logits, sampling), generator)
         clock.lap("verify")
-        uses_draft = largest.uses_draft
+        uses_draft = largest.uses_head     # the EAGLE head's cache and pending pairs
         run = _Run(tokens=list(prompt_ids) + [first], target_cache=target_cache,
                    draft_cache=kv.preallocated_cache(None, capacity) if uses_draft else None,
                    pending_features=features if uses_draft else None,
                    pending_tokens=list(prompt_ids[1:]) + [first] if uses_draft else [], generator=generator)
         run.text = self.decode([first])
+        run.drafter = drafters.start(self, tree, prompt_ids, features)
         event = StepEvent(step=0, method=tree.method, tree=None, accepted=[], bonus=first, new_tokens=[first],
                           text=run.text, rule=verify.rule_for(None, sampling), drafter=None, tree_config=None,
                           prefill=True, draft_ms=0.0, verify_ms=clock.ms["verify"], step_ms=clock.total_ms)
@@ -345,21 +358,25 @@ class Engine:
         path, bonus = self.accept(verified, tree, rule, sampling, draft_q, run.generator)
         clock.lap("verify")
         accepted, new_tokens, text = self.commit(run, verified, tree, path, bonus, budget, generated)
+        if run.drafter is not None:
+            run.drafter.observe(self, run, verified, tree, path, bonus, tree_cfg)
         tree_record = self.record_tree(verified, tree, path, sampling) if tree_cfg.uses_draft else None
         clock.lap("record")
         return StepEvent(step=index, method=tree_cfg.method, tree=tree_record, accepted=accepted,
                          bonus=bonus, new_tokens=new_tokens, text=text, rule=rule,
-                         drafter=self.drafter if tree_cfg.uses_draft else None,
+                         drafter=self.drafter_for(tree_cfg),
                          tree_config=tree_cfg.shape() if tree_cfg.uses_draft else None,
                          draft_ms=clock.ms["draft"], verify_ms=clock.ms["verify"], step_ms=clock.total_ms)
 
     # --- draft ------------------------------------------------------------------------------
 
     def draft(self, run: _Run, cfg: TreeConfig, sampling: SamplingConfig) -> tuple[DraftTree, torch.Tensor | None]:
-        """Grow this step's draft tree with the head. Returns the tree and, for a sampled
+        """Grow this step's draft tree with the head (or the run's other drafter). Returns the tree and, for a sampled
         chain, the draft distributions q (N, V) its tokens were drawn from."""
         if not cfg.uses_draft:
             return DraftTree(), None
+        if run.drafter is not None:            # pld / lookahead / medusa: fixed candidates, no q to sample from
+            return run.drafter.draft(self, run, cfg), None
         root_feature, prefix = self._read_pending(run)
         if root_feature is None:
             return DraftTree(), None  # a one-token prompt: no feature to draft from yet

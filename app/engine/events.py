@@ -22,7 +22,8 @@ class DraftTreeRecord:
     texts: list[str]                # decoded text of node i's token
     parents: list[int]              # index of node i's parent, -1 = the root
     depths: list[int]               # 1 = child of the root
-    q: list[float]                  # draft probability of node i given its parent
+    q: list[float]                  # draft probability of node i given its parent (pld / lookahead:
+                                    # a count share, marked by tree_config["q"] == "count")
     confidence: list[float]         # product of q along the root-to-node path (EAGLE-2's score)
     p: list[float] | None           # target probability of node i's token given its parent
     status: list[str]               # "accepted" | "rejected" | "unreached"

@@ -12,7 +12,8 @@ from app.engine import loading
 
 def load_engine(base_model: str | None = None, draft_model: str | None = None, device: str = "auto",
                 dtype: str = "auto", *, head: str = "required", full_draft_vocab: bool = False,
-                limits: GenerationLimits = GenerationLimits(), target=None) -> tuple[Engine, str]:
+                limits: GenerationLimits = GenerationLimits(), target=None,
+                medusa: str = "none", medusa_model: str | None = None) -> tuple[Engine, str]:
     """Load the target (embedded default when ``base_model`` is None) and the EAGLE head.
 
     ``head``: "required" (a missing head raises FileNotFoundError naming what is missing),
@@ -21,6 +22,8 @@ def load_engine(base_model: str | None = None, draft_model: str | None = None, d
     Returns the engine and, for "optional", why no head was loaded ("" when one was).
     An EAGLE-2 head's reduced draft vocabulary is used when it ships one, unless
     ``full_draft_vocab``; an EAGLE-3 head always drafts over its own. ``dtype="auto"`` is ``loading.choose_dtype``'s choice.
+    ``medusa`` ("none" | "required"): also load Medusa heads (``medusa_model``, default the
+    shipped ones) for the medusa method.
     """
     if head not in ("required", "optional", "none"):
         raise ValueError(f"head must be required, optional or none, got {head!r}")
@@ -37,4 +40,5 @@ def load_engine(base_model: str | None = None, draft_model: str | None = None, d
     # an EAGLE-3 head drafts over its own vocabulary (its d2t map); draft_vocab.json is EAGLE-2's
     if draft is not None and getattr(draft, "kind", "eagle2") == "eagle2" and not full_draft_vocab:
         vocab = loading.load_draft_vocab(draft.folder, target.model.config.vocab_size)
-    return Engine(target, draft, limits=limits, draft_vocab=vocab), missing
+    heads = loading.load_medusa_heads(medusa_model, target) if medusa == "required" else None
+    return Engine(target, draft, limits=limits, draft_vocab=vocab, medusa=heads), missing

@@ -28,6 +28,7 @@ EMBEDDED_ALIASES = (None, "", "embedded", EMBEDDED_NAME, EMBEDDED_HUB_ID)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_HEAD_DIR = REPO_ROOT / "models" / "eagle-smollm2-135m-instruct"
+DEFAULT_MEDUSA_DIR = REPO_ROOT / "models" / "medusa-smollm2-135m-instruct"
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -205,6 +206,24 @@ def load_draft_head(name: str | None, target: Target):
             raise ValueError(f"draft head {folder} has {field} {getattr(head.config, field)}, "
                              f"the target has {getattr(tc, field)}")
     return head
+
+
+def load_medusa_heads(name: str | None, target: Target):
+    """Load Medusa heads (strictly, ``drafters.medusa.MedusaHeads.load``) from a local folder,
+    the shipped ones by default, and check that they fit the target."""
+    from app.engine.drafters.medusa import MedusaHeads
+
+    folder = Path(name).expanduser() if name not in (None, "", "default") else DEFAULT_MEDUSA_DIR
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"no Medusa heads at {folder}: train them with `python -m app train --arch medusa` "
+                                "or pass --medusa-model FOLDER")
+    tc = target.model.config
+    heads = MedusaHeads.load(folder, dtype=target.dtype, device=target.device, target_vocab=tc.vocab_size)
+    if heads.hidden != tc.hidden_size or (heads.vocab_ids is None and heads.vocab != tc.vocab_size):
+        raise ValueError(f"Medusa heads {folder} have hidden_size {heads.hidden} and vocab_size {heads.vocab}, "
+                         f"the target has {tc.hidden_size} and {tc.vocab_size}")
+    heads.folder = folder
+    return heads
 
 
 DRAFT_VOCAB_FILE = "draft_vocab.json"

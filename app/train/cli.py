@@ -33,6 +33,8 @@ STAGES = ("prompts", "data", "train", "eval", "all")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--medusa-heads", type=int, default=3, help="--arch medusa: number of heads (offsets 2..k+1)")
+    p.add_argument("--medusa-layers", type=int, default=1, help="--arch medusa: residual blocks per head")
     p.add_argument("--stage", choices=STAGES, default="all",
                    help="one stage ('data' = responses + features, shard by shard) or 'all' (default)")
     p.add_argument("--base-model", default=None, help="target: hub id or folder (default: the embedded model)")
@@ -46,8 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="cpu (default) | cuda[:N] | auto: where the target answers (data), the head trains and the "
                         "eval decodes. Shards and checkpoints are the same files either way")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--arch", choices=["eagle2", "eagle3"], default="eagle2",
-                   help="eagle2 (default): the head reads the last hidden state and regresses it; eagle3: "
+    p.add_argument("--arch", choices=["eagle2", "eagle3", "medusa"], default="eagle2",
+                   help="medusa: Medusa heads on the features (app/train/medusa.py; stage eval is EAGLE's only); "
+                        "eagle2 (default): the head reads the last hidden state and regresses it; eagle3: "
                         "it reads target layers 2, L/2, L-3 (the data stage stores them: use a work dir of "
                         "its own), trains with training-time test and a token loss, and ships its own draft "
                         "vocabulary (default --out <work-dir>/head-eagle3)")
@@ -121,7 +124,7 @@ def default_work_dir(name: str) -> Path:
 
 
 def main(args: argparse.Namespace) -> int:
-    from app.engine.loading import DEFAULT_HEAD_DIR, EMBEDDED_ALIASES, EMBEDDED_NAME, choose_device
+    from app.engine.loading import DEFAULT_HEAD_DIR, DEFAULT_MEDUSA_DIR, EMBEDDED_ALIASES, EMBEDDED_NAME, choose_device
 
     try:   # before any stage: a run that would fail at its first model load fails now, in one line
         choose_device(args.device)
@@ -135,6 +138,8 @@ def main(args: argparse.Namespace) -> int:
         out = Path(args.out)
     elif getattr(args, "arch", "eagle2") == "eagle3":
         out = work / "head-eagle3"     # never over the shipped EAGLE-2 head
+    elif args.arch == "medusa":
+        out = DEFAULT_MEDUSA_DIR if args.base_model in EMBEDDED_ALIASES else work / "medusa"
     else:
         out = DEFAULT_HEAD_DIR if args.base_model in EMBEDDED_ALIASES else work / "head"
     work.mkdir(parents=True, exist_ok=True)
@@ -149,10 +154,17 @@ def main(args: argparse.Namespace) -> int:
             from app.train.eagle3 import run_training as run_eagle3_training
 
             run_eagle3_training(args, work, out)
+        elif stage == "train" and args.arch == "medusa":
+            from app.train.medusa import run_medusa_training
+
+            run_medusa_training(args, work, out)
         elif stage == "train":
             from app.train.trainer import run_training
 
             run_training(args, work, out)
+        elif stage == "eval" and args.arch == "medusa":
+            print("eval: stage eval measures EAGLE heads; for Medusa heads see training.json (held-out top-1 "
+                  "by head) and `python -m app bench --methods vanilla,medusa`", file=sys.stderr)
         elif stage == "eval":
             from app.train.evaluate import run_eval
 

@@ -309,7 +309,7 @@ def _settings_column(ctx: AppContext) -> dict:
     setting of the specification (``SETTINGS``), in its accordion (``FOLDED``)."""
     method = SETTING["method"].default if ctx.has_head else "vanilla"
     values = page_defaults(ctx.tree_defaults)
-    controls = {"method": gr.Radio(list(SETTING["method"].choices), value=method, label=SETTING["method"].label,
+    controls = {"method": gr.Radio(list(SETTING["method"].page_choices or SETTING["method"].choices), value=method, label=SETTING["method"].label,
                                    elem_id="method")}
     numeric = [s for s in SETTINGS if s.kind in ("int", "float")]
     for s in numeric:

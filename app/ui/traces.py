@@ -22,7 +22,7 @@ import json
 import math
 from dataclasses import dataclass
 
-from app.engine.config import MAX_DEPTH, MAX_TOTAL_TOKENS, METHODS, SETTINGS
+from app.engine.config import MAX_DEPTH, MAX_POOL, MAX_TOTAL_TOKENS, METHODS, SETTINGS
 from app.engine.events import STATUSES, DraftTreeRecord, RunSummary, StepEvent
 from app.engine.verify import RULES
 
@@ -37,7 +37,7 @@ STEP_KEYS_V1 = {"type", "step", "method", "tree", "accepted", "bonus", "new_toke
                 "draft_ms", "verify_ms", "step_ms"}
 STEP_KEYS = STEP_KEYS_V1 | {"rule", "drafter", "tree_config", "prefill"}
 DRAFTERS = ("eagle2", "eagle3", "medusa", "lookahead", "pld")
-TREE_CONFIG_KEYS = {s.name for s in SETTINGS if s.owner == "tree"}   # TreeConfig's settings
+TREE_CONFIG_KEYS = {s.name for s in SETTINGS if s.owner == "tree"} | {"ngram", "window", "pool", "q"}   # TreeConfig's settings + drafter knobs
 TREE_KEYS = {"root_token", "tokens", "texts", "parents", "depths", "q", "confidence", "p", "status"}
 SUMMARY_KEYS = {"type", "method", "new_tokens", "seconds", "tokens_per_s", "target_forwards",
                 "mean_accepted", "accepted_by_depth", "token_ids", "text"}
@@ -147,6 +147,13 @@ def _tree_config(where, c) -> dict | None:
         if s.name in c and s.name != "method":
             check = _int if s.kind == "int" else _num
             out[s.name] = check(f"{where}.{s.name}", c[s.name], s.lo, s.hi)
+    for k in ("ngram", "window", "pool"):          # pld / lookahead knobs
+        if k in c:
+            out[k] = _int(f"{where}.{k}", c[k], 1, MAX_POOL)
+    if "q" in c:                                   # what the nodes' q means when it is not a probability
+        if c["q"] != "count":
+            _fail(f"{where}.q", "must be \"count\" (or absent: q is the drafter's probability)")
+        out["q"] = "count"
     return out
 
 
