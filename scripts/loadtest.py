@@ -180,14 +180,18 @@ def endpoint_ids(url: str) -> dict[str, int]:
     return {d["api_name"]: d["id"] for d in config["dependencies"] if d.get("api_name")}
 
 
-def raw_join(http, url: str, fn_index: int, data: list, session_hash: str, client: str | None = None) -> int:
-    """One queue join as any script can send it (no page, no gradio_client): the HTTP status.
-    ``client`` travels as X-Forwarded-For, which the server honours from a loopback peer (as
-    from a Space's proxy): one machine can play many visitors."""
+def raw_join(http, url: str, fn_index: int, data: list, session_hash: str, client: str | None = None,
+             answer: list | None = None) -> int:
+    """One queue join as any script can send it (no page, no gradio_client): the HTTP status
+    (its body's text is appended to ``answer``). ``client`` travels as X-Forwarded-For, which
+    the server honours from a loopback peer (as from a Space's proxy): one machine can play
+    many visitors."""
     headers = {"X-Forwarded-For": client} if client else {}
     r = http.post(url.rstrip("/") + "/gradio_api/queue/join", headers=headers, timeout=60,
                   json={"data": data, "fn_index": fn_index, "session_hash": session_hash,
                         "event_data": None, "trigger_id": None})
+    if answer is not None:
+        answer.append(r.text)
     return r.status_code
 
 
@@ -234,7 +238,8 @@ def session_flood(url: str, flood: int = 200, victims: int = 3, addresses: int =
 def burst(url: str, n: int = 40, busy_tokens: int = 200, settings: dict | None = None) -> dict:
     """``n`` /generate joins sent at the same instant (threads released by one barrier) while
     the worker is busy with a long run, so nothing leaves the queue meanwhile: how many are
-    accepted (at most the queue's size, EAGLE_LENS_QUEUE) and how many refused (503)."""
+    accepted (at most the queue's size, EAGLE_LENS_QUEUE), how many refused as queue full, and
+    how many otherwise (e.g. a server whose sessions are all in use refuses new ones)."""
     import uuid
 
     import httpx
@@ -255,12 +260,14 @@ def burst(url: str, n: int = 40, busy_tokens: int = 200, settings: dict | None =
     generate = endpoint_ids(url)["generate"]
     barrier = threading.Barrier(n)
     codes: list[int] = []
+    answers: list[str] = []
     lock = threading.Lock()
 
     def one(i: int):
         with httpx.Client() as http:
             barrier.wait()
-            code = raw_join(http, url, generate, data, uuid.uuid4().hex[:11], f"10.2.{i // 250}.{i % 250 + 1}")
+            code = raw_join(http, url, generate, data, uuid.uuid4().hex[:11], f"10.2.{i // 250}.{i % 250 + 1}",
+                            answers)
         with lock:
             codes.append(code)
 
@@ -273,8 +280,9 @@ def burst(url: str, n: int = 40, busy_tokens: int = 200, settings: dict | None =
     job.cancel()
     with contextlib.suppress(Exception):
         busy.predict(api_name="/stop")
-    return {"sent": n, "accepted": codes.count(200), "refused": codes.count(503),
-            "other": len(codes) - codes.count(200) - codes.count(503), "worker_busy_throughout": running}
+    queue_full = sum("Queue is full" in a for a in answers)
+    return {"sent": n, "accepted": codes.count(200), "refused": queue_full,
+            "other": len(codes) - codes.count(200) - queue_full, "worker_busy_throughout": running}
 
 
 # --- stop latency ------------------------------------------------------------------------------
