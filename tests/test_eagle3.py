@@ -195,13 +195,23 @@ def test_drafts_are_what_training_time_test_computes(target, trained):
     assert accepted > 0
 
 
+def first_tokens_histogram(engine, tree, n_runs, n_tokens=2):
+    """How often each (first, second) answer token pair comes out of ``n_runs`` seeded runs at
+    temperature 1. The first token comes from the prefill, the second from a speculative step."""
+    counts: dict[tuple, int] = {}
+    for seed in range(n_runs):
+        *_, summary = engine.generate(prompt_ids=PROMPT, tree=tree, max_new_tokens=n_tokens,
+                                      sampling=SamplingConfig(temperature=1.0, seed=seed))
+        key = tuple(summary.token_ids[:n_tokens])
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
 @pytest.mark.parametrize("method", ["dynamic", "chain"])
 def test_sampled_output_follows_the_target_exactly(target, trained, method):
     """The joint distribution of the first two sampled tokens equals the target's (the pattern
     of tests/test_sampling.py): a tree verified by sequential rejection, and a chain drafted by
     sampling q over the draft vocabulary and verified by speculative sampling."""
-    from tests.test_sampling import first_tokens_histogram
-
     engine = Engine(target, trained)
     with torch.no_grad():
         p1 = torch.softmax(target.model(torch.tensor([PROMPT])).logits[0, -1], -1)

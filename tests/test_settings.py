@@ -201,7 +201,8 @@ def test_controls_follow_the_specification_and_the_method(ctx):
             cap = ctx.config.max_new_tokens if s.name == "max_new_tokens" else s.page_hi or s.hi
             assert (control.minimum, control.maximum, control.step) == (s.lo, cap, s.step), s.name
             assert control.interactive == s.applies_to("dynamic") and bool(control.info) != s.applies_to("dynamic")
-    assert blocks["method"].choices == [(m, m) for m in SETTING["method"].choices]
+    assert blocks["method"].choices == [(m, m) for m in SETTING["method"].page_choices]
+    assert set(SETTING["method"].page_choices) < set(SETTING["method"].choices)   # the engine has more drafters
     updates = dict(zip(TREE_KNOBS, applicability("chain")))
     assert updates["top_k"]["interactive"] is False and updates["top_k"]["info"] == "top_k applies to the dynamic method only"
     assert updates["depth"]["interactive"] is True and updates["depth"]["info"] == ""
