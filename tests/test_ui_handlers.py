@@ -85,7 +85,7 @@ def test_replay_view_scrubs_and_clamps(finished):
     session, _ = finished
     view = handlers.replay_view(session, 1)
     assert 'class="step current" data-step="1"' in view["stream"] and "Step 1" in view["phases"]
-    assert "Step 0" in handlers.replay_view(session, -5)["phases"]
+    assert "Prefill" in handlers.replay_view(session, -5)["phases"]
     with pytest.raises(ValueError):
         handlers.replay_view(session, float("nan"))
 
@@ -160,7 +160,8 @@ def test_stop_ends_step_mode_and_frees_the_run(ctx):
     list(handlers.generate(ctx, session, step_mode=True, **BASE))
     stepper = session.stepper
     view = handlers.stop(session)
-    assert session.stepper is None and stepper.gi_frame is None and "stopped after 1 step" in view["status"]
+    assert session.stepper is None and stepper.gi_frame is None and \
+        "stopped after 0 decoding steps (and the prefill)" in view["status"]
 
 
 @pytest.mark.parametrize("phase", ["decoding with", "vanilla racing alongside"])
@@ -236,7 +237,7 @@ def test_stop_is_noticed_while_the_engine_is_silent(ctx):
     finally:
         ctx.engine.generate = real
     assert waited < 2.0, waited         # not the 5 s until the engine's first record
-    assert view["status"] == "stopped after 0 steps." and not consumer.is_alive()
+    assert view["status"] == "stopped before the prefill." and not consumer.is_alive()
     assert ctx.engine_thread.wait_idle(10)
 
 
@@ -382,10 +383,34 @@ def test_a_slow_page_never_makes_the_engine_wait():
     assert drawn < 10                    # updates were coalesced
 
 
+def _sweep_runs(fig) -> list[tuple]:
+    """Each value's (slowest, fastest) tokens/s, from the explorer figure's spread bars."""
+    t = fig.data[0]
+    return [(y - lo, y + hi) for y, lo, hi in zip(t.y, t.error_y.arrayminus, t.error_y.array)]
+
+
+def test_explorer_names_a_best_value_only_beyond_the_measured_noise():
+    """The verdict: a value is "best" when its lead over the runner-up is larger than the
+    largest spread between two runs of one value; otherwise the values within that noise tie."""
+    def result(value, *runs):
+        return {"value": value, "mean_accepted": 2.0, "tokens_per_s": sum(runs) / len(runs), "runs": list(runs)}
+
+    best, text = handlers.verdict("depth", [result(2, 10.0, 11.0), result(3, 14.0, 15.0), result(4, 9.0, 9.5)])
+    assert best["value"] == 3 and text.startswith("best: depth = 3") and "ahead of depth = 2 by 4.0" in text
+    # the same means, but one value's two runs differ by 5 tokens/s: a 4 tokens/s lead is noise
+    best, text = handlers.verdict("depth", [result(2, 8.0, 13.0), result(3, 14.0, 15.0), result(4, 9.0, 9.5)])
+    assert best is None and text.startswith("tie: depth = 3, 2") and "noise up to 5.0" in text
+    best, text = handlers.verdict("depth", [result(2, 10.0), result(3, 14.0)])   # one run each: no noise known
+    assert best is None and "no noise was measured" in text
+
+
 def test_explorer_sweeps_a_knob(ctx):
     views = list(handlers.explore(ctx, Session(), "depth", 1, 3, 3, **{**BASE, "max_new_tokens": 12}))
     fig = views[-1]["explorer_plot"]
-    assert list(fig.data[0].x) == [1, 2, 3] and "best: depth" in views[-1]["explorer_status"]
+    # every value ran twice (a tiny model's tokens/s is noisy: a tie is a fair verdict here)
+    status = views[-1]["explorer_status"]
+    assert list(fig.data[0].x) == [1, 2, 3] and status.startswith(("best: depth", "tie: depth"))
+    assert "each value ran 2 times" in status and all(len(r) == 2 for r in _sweep_runs(fig))
     skipped = list(handlers.explore(ctx, Session(), "tau_low", 0.2, 0.9, 2, **{**BASE, "max_new_tokens": 8,
                                                                                "method": "threshold"}))
     assert "Skipped" in skipped[-1]["explorer_status"]     # tau_low 0.9 > tau_high 0.5
