@@ -419,7 +419,7 @@ def _stage() -> dict:
             gr.HTML(legend_html())
         with gr.Column(scale=1):
             out["speedup"] = gr.Markdown("", elem_id="speedup")
-            pin_btn = gr.Button("📌 Pin this run as A (then run B: compare them in the tab Compare A/B)",
+            pin_btn = gr.Button("Pin this run as A (then run B: compare them in the tab Compare A/B)",
                                 elem_id="pin-btn", size="sm")
             out["race"] = gr.Plot(label="Speed race", elem_id="race-plot")
     return dict(out, pin_btn=pin_btn, **play)
@@ -464,7 +464,7 @@ def _traces_tab(demos: dict[str, str]) -> dict:
 
 
 def _compare_tab() -> dict:
-    gr.Markdown("Pin a run as **A** (the 📌 button under the speedup), then run another — change the tree, "
+    gr.Markdown("Pin a run as **A** (the button under the speedup), then run another — change the tree, "
                 "the method or the temperature, or load another demo: that run is **B**. One pinned run is "
                 "kept; pinning again replaces it. The trees are drawn at the step the slider shows.")
     return dict(ab_caption=gr.Markdown("_Nothing pinned yet._", elem_id="ab-caption"),
@@ -687,7 +687,7 @@ def wire_autoplay(c: Components) -> None:
 
 
 def wire_compare(c: Components) -> None:
-    """📌 Pin this run as A: kept in the visitor's session (one pinned run); the next run on
+    """Pin this run as A: kept in the visitor's session (one pinned run); the next run on
     screen is B and the comparison panel follows it (``handlers.compare_view``)."""
     def pin(session: Session):
         return _once(lambda: handlers.pin(session), COMPARE_VIEWS)

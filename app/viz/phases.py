@@ -96,7 +96,7 @@ def tree_change(step: StepEvent, previous: StepEvent | None, why: str | None = N
     if not now or not before or tree_shape(now) == tree_shape(before):
         return ""
     reason = SWITCH_REASONS.get(why, "an adaptive run picks the tree with the best tokens/s measured so far")
-    return f"🔀 **Tree {tree_shape(now)}, was {tree_shape(before)}** — {reason}."
+    return f"**Tree changed: {tree_shape(now)}, was {tree_shape(before)}** — {reason}."
 
 
 def phase_account(step: StepEvent | None, total_steps: int | None = None, number: int | None = None,
