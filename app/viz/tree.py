@@ -357,7 +357,7 @@ def tree_figure(step: StepEvent | None, title: str | None = None, bonus_text: st
     if title is None:
         title = (f"step {step.step if number is None else number}: {n} draft nodes, {k} accepted"
                  f"{' + bonus' if BONUS_ID in lay.rows else ''}"
-                 f"{f' (showing {shown}; grey +N nodes count the rest)' if shown < n else ''}")
+                 f"{f'<br><sup>showing {shown} of {n}: grey +N nodes count the rest</sup>' if shown < n else ''}")
     layout = dict(style.BASE_LAYOUT, height=height, uirevision="tree", showlegend=False, hovermode="closest",
                   margin=dict(MARGIN, r=int(widest) + 24 + COLORBAR_PX),
                   title=dict(text=title, x=0.01, y=0.98, yanchor="top"), xaxis=xaxis, yaxis=yaxis)
