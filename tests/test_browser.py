@@ -1,6 +1,9 @@
 """A real browser (Debian chromium through Playwright) on the page: type, Generate, watch the
 tree and the speedup appear, scrub the replay slider, Stop mid-generation and generate again,
-download the trace and load it back. A screenshot is saved as a test artefact (not committed)."""
+download the trace and load it back; the classroom screen at 1280x720 (tree, slider and step
+account in one viewport), a demo restoring its settings, the mask and KV views agreeing with
+the tree, the A/B comparison, the guided tour. One server for the module (the tiny model and
+the shipped demos). Screenshots are saved as test artefacts (not committed)."""
 from __future__ import annotations
 
 import contextlib
@@ -12,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from app.engine.engine import Engine
-from app.ui.blocks import build_demo, launch_kwargs
+from app.ui import traces
+from app.ui.blocks import build_demo, demo_traces, launch_kwargs
 from app.ui.settings import AppContext, ServerConfig
 
 pytestmark = pytest.mark.slow
@@ -24,10 +28,13 @@ EXPECT_TIMEOUT_MS = 60_000
 ARTEFACTS = Path(os.environ.get("EAGLE_LENS_ARTEFACTS", Path(__file__).resolve().parents[1] / "out"))
 
 
+NO_TOUR = "localStorage.setItem('eagle-lens-tour-done', '1')"   # a returning visitor: no guided tour
+
+
 @contextlib.contextmanager
-def _serve(ctx: AppContext):
+def _serve(ctx: AppContext, demos: dict | None = None):
     """The app for ``ctx`` on a free loopback port; yields its URL, closed on exit."""
-    demo = build_demo(ctx, demos={})
+    demo = build_demo(ctx, demos=demos or {})
     _, local_url, _ = demo.launch(server_name="127.0.0.1", prevent_thread_lock=True, quiet=True,
                                   **launch_kwargs(ctx.config))
     try:
@@ -52,8 +59,34 @@ def url(tiny):
     from tests.test_autotune import CPU, big_tree_calibration
 
     choice = choose_from(CPU, big_tree_calibration()).to_dict()
-    with _serve(AppContext(Engine(target, head), config, "tiny test model", tree_choice=choice)) as local_url:
+    with _serve(AppContext(Engine(target, head), config, "tiny test model", tree_choice=choice),
+                demos=demo_traces()) as local_url:
         yield local_url
+
+
+def _new_page(browser, errors: list, tour: bool = False, **kwargs):
+    """A page that records every JavaScript error (``pageerror``) in ``errors``; without
+    ``tour`` the visitor has seen the guided tour before."""
+    page = browser.new_page(**kwargs)
+    page.set_default_timeout(120_000)
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    if not tour:
+        page.add_init_script(NO_TOUR)
+    return page
+
+
+def _open_settings(page) -> None:
+    """Open the side panel with the knobs (a closed one is slid off the screen, not hidden)."""
+    if page.locator("#settings-panel.open").count() == 0:
+        page.locator("#settings-btn").click()
+    page.wait_for_function("(() => { const b = document.querySelector('#method')?.getBoundingClientRect();"
+                           " return b && b.left >= 0; })")
+
+
+def _close_settings(page) -> None:
+    if page.locator("#settings-panel.open").count():
+        page.locator("#settings-panel button[aria-label='Toggle Sidebar']").click()
+    page.wait_for_function("!document.querySelector('#settings-panel.open')")
 
 
 def _wait_for_tree(page, title_part: str = "") -> str:
@@ -83,14 +116,15 @@ def test_browser_generate_replay_stop_and_traces(url, tmp_path):
     ARTEFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
         browser = _chromium(p)
-        page = browser.new_page(viewport={"width": 1400, "height": 1800}, accept_downloads=True)
-        page.set_default_timeout(120_000)
+        errors: list = []
+        page = _new_page(browser, errors, viewport={"width": 1400, "height": 1800}, accept_downloads=True)
         page.goto(url)
+        _wait_for_tree(page)        # the first demo is on screen (and in the knobs)
 
         # A tree preset moves the knobs (the paper's 60/5/10), and back to the page's default.
+        _open_settings(page)
         page.get_by_text("Tree knobs").click()
-        default_total = page.locator("#total-tokens input[type=number]").input_value()
-        assert default_total != "60"
+        assert page.locator("#total-tokens input[type=number]").input_value() != "60"
         page.locator("#tree-preset input").click()
         page.get_by_role("option", name="EAGLE-2 paper, GPU (60 / 5 / 10)").click()
         expect(page.locator("#total-tokens input[type=number]")).to_have_value("60")
@@ -104,7 +138,7 @@ def test_browser_generate_replay_stop_and_traces(url, tmp_path):
         expect(page.locator("#tree-preset input")).to_have_value("EAGLE-2 paper, GPU (60 / 5 / 10)")
         page.locator("#tree-preset input").click()
         page.get_by_role("option", name="the page's default tree").click()
-        expect(page.locator("#total-tokens input[type=number]")).to_have_value(default_total)
+        expect(page.locator("#total-tokens input[type=number]")).to_have_value("24")   # the tiny engine's default
 
         # A knob that does not shape the chosen method's tree is disabled, with a note saying why.
         page.locator("#method").get_by_text("chain", exact=True).click()
@@ -181,12 +215,171 @@ def test_browser_generate_replay_stop_and_traces(url, tmp_path):
         expect(page.locator("#status")).to_contain_text("decoding with", timeout=240_000)
         page.locator("#stop-btn").click()
         expect(page.locator("#status")).to_contain_text("stopped after")
+        # what was produced stays on screen: the text so far and the last step's tree
+        expect(page.locator("#token-stream .tok").first).to_be_visible()
+        _wait_for_tree(page)
         page.locator("#max-new-tokens input[type=number]").fill("12")
         page.locator("#max-new-tokens input[type=number]").press("Enter")
         page.locator("#generate-btn").click()
         expect(page.locator("#status")).to_contain_text("done", timeout=240_000)
         page.screenshot(path=str(ARTEFACTS / "browser-final.png"), full_page=True)
         browser.close()
+    assert errors == []
+
+
+FIGURE_JS = """(sel) => { const gd = document.querySelector(sel + ' .js-plotly-plot');
+    return gd && gd.data ? JSON.parse(JSON.stringify(gd.data)) : null; }"""
+
+
+def _figure(page, selector: str) -> list[dict]:
+    """The plotly traces drawn in ``selector`` on the page, once drawn."""
+    page.wait_for_function("(sel) => { const gd = document.querySelector(sel + ' .js-plotly-plot');"
+                           " return gd && gd.data && gd.data.length > 0; }", arg=selector)
+    return page.evaluate(FIGURE_JS, selector)
+
+
+def _tree_nodes(page) -> list[dict]:
+    """The draft nodes the tree plot drew: {node, depth, status, colour} (read from the page)."""
+    nodes = next(t for t in _figure(page, "#tree-plot") if t.get("name") == "nodes")
+    return [{"node": n, "depth": x, "status": h.split("status: ")[1].split("<")[0], "colour": c}
+            for n, x, h, c in zip(nodes["customdata"], nodes["x"], nodes["hovertext"], nodes["marker"]["color"])]
+
+
+def _check_mask_and_kv(page, label: str) -> None:
+    """The verify views of the step shown agree with its tree, as drawn on the page: the mask's
+    lit cells among the root and node columns are the sum over nodes of (depth + 1) (each node
+    sees the root, its ancestors and itself), and the KV view keeps 1 + the accepted path's
+    length slots (the root and the accepted nodes)."""
+    nodes = _tree_nodes(page)
+    depth = {n["node"]: n["depth"] for n in nodes}
+    page.get_by_role("tab", name="Attention mask").click()
+    mask = _figure(page, "#mask-plot")[0]
+    rows = mask["meta"]["rows"][1:]
+    assert set(rows) == set(depth), label               # a tree of <= 24 nodes: every node has a row
+    lit = sum(1 for row in mask["z"][1:] for kind in row[3:] if kind != 0)   # 3 context slots first
+    assert lit == sum(depth[n] + 1 for n in rows), label
+    page.get_by_role("tab", name="KV cache").click()
+    kv = _figure(page, "#kv-plot")
+    kept = sum(len(t["x"]) for t in kv if t.get("name") in ("root (after)", "kept (after)"))
+    assert kept == 1 + sum(n["status"] == "accepted" for n in nodes), label
+    page.get_by_role("tab", name="What happened").click()
+
+
+@pytest.mark.skipif(not shutil.which(CHROMIUM) and not os.path.exists(CHROMIUM), reason="chromium not installed")
+def test_classroom_screen_demo_settings_views_and_ab(url):
+    """A first visit at 1280x720: the guided tour; the first demo's tree, step slider and step
+    account on one screen; its prompt and knobs in the controls; the mask and KV views agree
+    with the tree (demo and live run); hovering a node lights its row in the mask; rejected
+    nodes keep their confidence colour; a pinned run compared with the next one."""
+    from playwright.sync_api import expect, sync_playwright
+
+    expect.set_options(timeout=EXPECT_TIMEOUT_MS)
+    demos = demo_traces()
+    first = next(iter(demos))
+    trace = traces.parse_trace(Path(demos[first]).read_bytes())
+    ARTEFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = _chromium(p)
+        errors: list = []
+        page = _new_page(browser, errors, tour=True, viewport={"width": 1280, "height": 720})
+        page.goto(url)
+
+        # The guided tour, on a first visit only: Next moves on (and opens the tab it explains),
+        # Skip ends it, and a reload does not show it again.
+        tour = page.locator("#lens-tour")
+        expect(tour).to_contain_text("Draft")
+        page.locator("#lens-tour .lens-tour-next").click()
+        expect(tour).to_contain_text("Verify in one forward")
+        expect(page.locator("#mask-plot")).to_be_visible()
+        page.locator("#lens-tour .lens-tour-skip").click()
+        expect(tour).to_have_count(0)
+        page.reload()
+        _wait_for_tree(page)
+        page.wait_for_timeout(1500)         # the tour would have started 0.3 s after the tree
+        expect(tour).to_have_count(0)
+
+        # One screen: the tree, the step slider and the step account, with nothing scrolled.
+        page.evaluate("window.scrollTo(0, 0)")
+        for selector in ("#tree-plot", "#step-slider", "#phases"):
+            box = page.locator(selector).bounding_box()
+            assert box["y"] >= 0 and box["y"] + box["height"] <= 720 and box["x"] + box["width"] <= 1280, \
+                (selector, box)
+        page.screenshot(path=str(ARTEFACTS / "browser-classroom.png"))
+
+        # The demo's prompt and knobs are in the controls; a knob its method ignores is disabled.
+        expect(page.locator("#prompt textarea")).to_have_value(trace.settings["prompt"])
+        _open_settings(page)
+        expect(page.locator(f"#method input[value={trace.settings['method']}]")).to_be_checked()
+        expect(page.locator("#max-new-tokens input[type=number]")).to_have_value(str(trace.settings["max_new_tokens"]))
+        page.get_by_text("Tree knobs").click()
+        expect(page.locator("#total-tokens input[type=number]")).to_have_value(str(trace.settings["total_tokens"]))
+        expect(page.locator("#tau-high input[type=number]")).to_be_disabled()
+        _close_settings(page)
+
+        # The step shown is an instructive one; its rejected nodes keep their confidence colour.
+        index = int(page.locator("#step-slider input[type=number]").input_value())
+        step = trace.steps[index]
+        nodes = _tree_nodes(page)
+        rejected = [n for n in nodes if n["status"] == "rejected"]
+        assert rejected, "the demo opens on a step with a rejection"
+        for n in nodes:
+            assert n["colour"] == pytest.approx(step.tree.confidence[n["node"]]), n
+        _check_mask_and_kv(page, "demo")
+
+        # Hovering a tree node lights its row and column in the mask.
+        page.get_by_role("tab", name="Attention mask").click()
+        _figure(page, "#mask-plot")
+        where = page.evaluate("""() => { const gd = document.querySelector('#tree-plot .js-plotly-plot');
+            const d = gd.data.find(t => t.name === 'nodes'); const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;
+            const r = gd.getBoundingClientRect();
+            return {x: r.left + xa._offset + xa.l2p(d.x[0]), y: r.top + ya._offset + ya.l2p(d.y[0])}; }""")
+        page.mouse.move(where["x"], where["y"])
+        expect(page.locator("#mask-plot .lens-mask-band")).to_have_count(2)
+        page.screenshot(path=str(ARTEFACTS / "browser-mask-hover.png"))
+        page.mouse.move(5, 5)
+        page.get_by_role("tab", name="What happened").click()
+
+        # Autoplay moves the slider on by itself, and pauses.
+        page.locator("#play-btn").click()
+        expect(page.locator("#step-slider input[type=number]")).not_to_have_value(str(index))
+        page.locator("#play-btn").click()
+        expect(page.locator("#play-btn")).to_have_text("▶ Play")
+
+        # A/B: pin the demo as A, load another demo (B), compare.
+        page.locator("#pin-btn").click()
+        page.get_by_role("tab", name="Compare A/B").click()
+        expect(page.locator("#ab-caption")).to_contain_text("Pinned A:")
+        other = list(demos)[-1]
+        page.get_by_role("tab", name="Traces").click()
+        page.locator("#demo-choice input").click()
+        page.get_by_role("option", name=other, exact=True).click()
+        page.locator("#demo-btn").click()
+        expect(page.locator("#status")).to_contain_text(f"replaying {other}")
+        page.get_by_role("tab", name="Compare A/B").click()
+        page.wait_for_function("document.querySelectorAll('#ab-plot .js-plotly-plot').length > 0")
+        names = {t.get("name") for t in _figure(page, "#ab-plot") if t.get("name")}
+        assert len(names) == 2 and {n[:2] for n in names} == {"A:", "B:"}, names
+        trees = _figure(page, "#ab-trees-plot")
+        assert sum(t.get("name") == "nodes" for t in trees) >= 1
+        expect(page.locator("#ab-caption")).to_contain_text("tokens/s")
+        page.locator("#ab-plot").scroll_into_view_if_needed()
+        page.screenshot(path=str(ARTEFACTS / "browser-ab.png"), full_page=True)
+
+        # A live run: the same agreement between the tree, the mask and the KV views.
+        page.locator("#prompt textarea").fill("w5 w17 w33 w90")
+        _open_settings(page)
+        page.locator("#method").get_by_text("dynamic", exact=True).click()
+        for knob, value in (("depth", "4"), ("top-k", "4"), ("total-tokens", "16"), ("max-new-tokens", "30")):
+            page.locator(f"#{knob} input[type=number]").fill(value)
+            page.locator(f"#{knob} input[type=number]").press("Enter")
+        page.locator("#generate-btn").click()
+        expect(page.locator("#speedup")).to_contain_text(re.compile(r"\d\.\d\d×"), timeout=240_000)
+        _close_settings(page)
+        page.evaluate("window.scrollTo(0, 0)")
+        _wait_for_tree(page)
+        _check_mask_and_kv(page, "live run")
+        browser.close()
+    assert errors == []
 
 
 class _PacedEngine(Engine):

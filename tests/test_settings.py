@@ -23,7 +23,7 @@ from app.ui.settings import AppContext, ServerConfig
 
 PROMPT = "w5 w17 w33 w90"
 VALID = dict(prompt=PROMPT, method="dynamic", max_new_tokens=8, temperature=0.0, top_p=1.0, seed=0,
-             depth=3, top_k=2, total_tokens=6, tau_high=0.5, tau_low=0.05, min_confidence=0.0)
+             depth=3, top_k=2, total_tokens=6, tau_high=0.5, tau_low=0.05, min_confidence=0.0, adapt=False)
 MAX_MESSAGE = 400   # characters: any refusal, whatever the value it echoes
 
 
@@ -176,7 +176,7 @@ def test_the_api_signature_is_the_specification_in_the_published_order():
     from app.ui.blocks import event_signature, page_defaults
 
     published = ["prompt", "method", "max_new_tokens", "temperature", "top_p", "seed", "depth", "top_k",
-                 "total_tokens", "tau_high", "tau_low", "min_confidence"]
+                 "total_tokens", "tau_high", "tau_low", "min_confidence", "adapt"]
     assert list(SETTING_NAMES) == published
     sig = event_signature(defaults=page_defaults(TreeConfig(depth=3, top_k=2, total_tokens=9)),
                           after=(("step_mode", bool, False), ("session", object, None)))
@@ -185,7 +185,7 @@ def test_the_api_signature_is_the_specification_in_the_published_order():
     assert params["prompt"].default is inspect.Parameter.empty
     assert {k: params[k].default for k in published[1:]} == dict(
         method="dynamic", max_new_tokens=96, temperature=0.0, top_p=1.0, seed=0, depth=3, top_k=2, total_tokens=9,
-        tau_high=0.5, tau_low=0.05, min_confidence=0.0)
+        tau_high=0.5, tau_low=0.05, min_confidence=0.0, adapt=False)
     explore = event_signature(before=(("knob", str), ("start", float), ("stop", float), ("count", int)))
     assert list(explore.parameters) == ["knob", "start", "stop", "count"] + published
     assert all(p.default is inspect.Parameter.empty for p in explore.parameters.values())
@@ -310,4 +310,4 @@ def test_the_explorer_refuses_a_knob_the_method_does_not_use(ctx):
 def test_a_huge_replay_index_shows_the_last_step(finished_session):
     last = len(finished_session.steps) - 1
     assert f"Step {last}" in handlers.replay_view(finished_session, 10**30)["phases"]
-    assert "Step 0" in handlers.replay_view(finished_session, -10**400)["phases"]
+    assert "Prefill" in handlers.replay_view(finished_session, -10**400)["phases"]

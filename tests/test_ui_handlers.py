@@ -85,7 +85,7 @@ def test_replay_view_scrubs_and_clamps(finished):
     session, _ = finished
     view = handlers.replay_view(session, 1)
     assert 'class="step current" data-step="1"' in view["stream"] and "Step 1" in view["phases"]
-    assert "Step 0" in handlers.replay_view(session, -5)["phases"]
+    assert "Prefill" in handlers.replay_view(session, -5)["phases"]
     with pytest.raises(ValueError):
         handlers.replay_view(session, float("nan"))
 
@@ -160,7 +160,8 @@ def test_stop_ends_step_mode_and_frees_the_run(ctx):
     list(handlers.generate(ctx, session, step_mode=True, **BASE))
     stepper = session.stepper
     view = handlers.stop(session)
-    assert session.stepper is None and stepper.gi_frame is None and "stopped after 1 step" in view["status"]
+    assert session.stepper is None and stepper.gi_frame is None and \
+        "stopped after 0 decoding steps (and the prefill)" in view["status"]
 
 
 @pytest.mark.parametrize("phase", ["decoding with", "vanilla racing alongside"])
@@ -236,7 +237,7 @@ def test_stop_is_noticed_while_the_engine_is_silent(ctx):
     finally:
         ctx.engine.generate = real
     assert waited < 2.0, waited         # not the 5 s until the engine's first record
-    assert view["status"] == "stopped after 0 steps." and not consumer.is_alive()
+    assert view["status"] == "stopped before the prefill." and not consumer.is_alive()
     assert ctx.engine_thread.wait_idle(10)
 
 
@@ -382,10 +383,34 @@ def test_a_slow_page_never_makes_the_engine_wait():
     assert drawn < 10                    # updates were coalesced
 
 
+def _sweep_runs(fig) -> list[tuple]:
+    """Each value's (slowest, fastest) tokens/s, from the explorer figure's spread bars."""
+    t = fig.data[0]
+    return [(y - lo, y + hi) for y, lo, hi in zip(t.y, t.error_y.arrayminus, t.error_y.array)]
+
+
+def test_explorer_names_a_best_value_only_beyond_the_measured_noise():
+    """The verdict: a value is "best" when its lead over the runner-up is larger than the
+    largest spread between two runs of one value; otherwise the values within that noise tie."""
+    def result(value, *runs):
+        return {"value": value, "mean_accepted": 2.0, "tokens_per_s": sum(runs) / len(runs), "runs": list(runs)}
+
+    best, text = handlers.verdict("depth", [result(2, 10.0, 11.0), result(3, 14.0, 15.0), result(4, 9.0, 9.5)])
+    assert best["value"] == 3 and text.startswith("best: depth = 3") and "ahead of depth = 2 by 4.0" in text
+    # the same means, but one value's two runs differ by 5 tokens/s: a 4 tokens/s lead is noise
+    best, text = handlers.verdict("depth", [result(2, 8.0, 13.0), result(3, 14.0, 15.0), result(4, 9.0, 9.5)])
+    assert best is None and text.startswith("tie: depth = 3, 2") and "noise up to 5.0" in text
+    best, text = handlers.verdict("depth", [result(2, 10.0), result(3, 14.0)])   # one run each: no noise known
+    assert best is None and "no noise was measured" in text
+
+
 def test_explorer_sweeps_a_knob(ctx):
     views = list(handlers.explore(ctx, Session(), "depth", 1, 3, 3, **{**BASE, "max_new_tokens": 12}))
     fig = views[-1]["explorer_plot"]
-    assert list(fig.data[0].x) == [1, 2, 3] and "best: depth" in views[-1]["explorer_status"]
+    # every value ran twice (a tiny model's tokens/s is noisy: a tie is a fair verdict here)
+    status = views[-1]["explorer_status"]
+    assert list(fig.data[0].x) == [1, 2, 3] and status.startswith(("best: depth", "tie: depth"))
+    assert "each value ran 2 times" in status and all(len(r) == 2 for r in _sweep_runs(fig))
     skipped = list(handlers.explore(ctx, Session(), "tau_low", 0.2, 0.9, 2, **{**BASE, "max_new_tokens": 8,
                                                                                "method": "threshold"}))
     assert "Skipped" in skipped[-1]["explorer_status"]     # tau_low 0.9 > tau_high 0.5
@@ -681,3 +706,106 @@ def test_a_parting_in_reduced_precision_is_explained_by_the_targets_top2(ctx):
     session.model = {**session.model, "dtype": "bfloat16"}
     note = handlers._identical_note(session)
     assert "differ from token 3" in note and f"p = {p1:.3f} and {p2:.3f}" in note and "near-tie" in note
+
+
+# --- the page's teaching views: steps, demos, A/B, adapt ------------------------------------
+
+def test_an_adaptive_run_changes_its_tree_and_the_step_account_says_so(ctx):
+    """adapt=True (method dynamic): the engine gets a TreeAdapter, the steps' tree_config
+    changes during the run, and the account of a step whose tree changed names both trees and
+    why; the output is still plain decoding's (greedy, float32)."""
+    session = Session()
+    views = list(handlers.generate(ctx, session, **{**BASE, "max_new_tokens": 40, "adapt": True}))
+    assert session.adapter is not None and session.settings["adapt"] is True
+    steps = session.steps
+    changed = [i for i in range(2, len(steps)) if steps[i].tree_config != steps[i - 1].tree_config]
+    assert changed, [s.tree_config for s in steps]
+    i = changed[0]
+    text = handlers.step_view(session, i)["phases"]
+    from app.viz.phases import tree_shape
+    assert f"Tree changed: {tree_shape(steps[i].tree_config)}, was {tree_shape(steps[i - 1].tree_config)}" in text
+    assert "measure" in text                     # the adapter's reason: a first try measures a candidate
+    assert session.summary.token_ids == session.race_vanilla.summary.token_ids
+    assert "identical" in views[-1]["speedup"]
+    unchanged = next(i for i in range(2, len(steps)) if i not in changed)
+    assert ", was " not in handlers.step_view(session, unchanged)["phases"]
+
+
+def test_steps_are_numbered_from_one_after_the_prefill(finished):
+    session, _ = finished
+    total = len(session.steps) - 1
+    assert session.steps[0].prefill
+    assert handlers.replay_view(session, 0)["phases"].startswith(f"**Prefill** (step 0, before the {total} decoding")
+    view = handlers.replay_view(session, 1)
+    assert view["phases"].startswith(f"**Step 1 of {total}**")
+    assert view["tree"].layout.title.text.startswith("step 1:") and view["mask"].layout.title.text.startswith("step 1:")
+
+
+def test_a_demo_restores_its_settings_and_opens_on_an_instructive_step(ctx):
+    """Loading a shipped trace hands its settings to the page (every control) and shows the
+    step with the deepest accepted path among those with a rejection."""
+    demos = demo_traces()
+    name = next(iter(demos))
+    session = Session()
+    view = handlers.load_demo(ctx, session, demos, name)
+    trace = traces.parse_trace(open(demos[name], "rb").read())
+    assert view["settings"] == trace.settings and view["race_on"] == (trace.vanilla_steps is not None)
+    last, shown_index = view["slider"]
+    steps = session.steps
+    assert last == len(steps) - 1 and shown_index == handlers.instructive_step(steps)
+    mixed = [s for s in steps if s.tree is not None and "rejected" in s.tree.status]
+    if mixed:
+        assert "rejected" in steps[shown_index].tree.status
+        assert len(steps[shown_index].accepted) == max(len(s.accepted) for s in mixed)
+
+
+def test_instructive_step_prefers_a_deep_path_with_rejections(finished):
+    session, _ = finished
+    steps = session.steps
+    i = handlers.instructive_step(steps)
+    drafted = [s for s in steps if s.tree is not None and len(s.tree)]
+    with_rejection = [s for s in drafted if "rejected" in s.tree.status] or drafted
+    assert steps[i] in with_rejection and len(steps[i].accepted) == max(len(s.accepted) for s in with_rejection)
+    assert handlers.instructive_step(steps[:1]) == 0        # only the prefill: nothing drafted
+
+
+def test_stop_keeps_the_text_and_the_last_tree_on_screen(ctx):
+    session = Session()
+    list(handlers.generate(ctx, session, step_mode=True, **BASE))
+    list(handlers.step(ctx, session))                       # the prefill, then one decoding step
+    view = handlers.stop(session)
+    assert view["status"].startswith("stopped after 1 decoding step")
+    assert 'class="tok' in view["stream"]
+    assert len(view["tree"].data) > 0 and view["tree"].layout.title.text.startswith("step 1:")
+    assert view["slider"] == (1, 1)
+
+
+def test_pinned_run_is_compared_with_the_next(ctx):
+    """Pin A, run B: the comparison shows both runs (acceptance by depth, tau, tokens/s), their
+    trees at the slider's step, and one pinned run at most."""
+    session = Session()
+    with pytest.raises(ValueError, match="Nothing to pin"):
+        handlers.pin(session)
+    list(handlers.generate(ctx, session, **BASE))
+    pinned = handlers.pin(session)
+    assert "Pinned A: dynamic 12/4/4" in pinned["ab_caption"]
+    same = handlers.compare_view(session)
+    assert same["ab"] is None and "Run something else" in same["ab_caption"]
+    final = list(handlers.generate(ctx, session, **{**BASE, "method": "chain", "depth": 3}))[-1]
+    names = {t.name for t in final["ab"].data if t.name}
+    assert names == {"A: dynamic 12/4/4", "B: chain 12/3/4"}, names
+    assert "A: τ =" in final["ab_caption"] or "A: dynamic 12/4/4: τ" in final["ab_caption"]
+    assert len([a for a in final["ab_trees"].layout.annotations if "step" in (a.text or "")]) == 2
+    replay = handlers.replay_view(session, 1)
+    assert "ab_trees" in replay
+    handlers.pin(session)                                   # pinning again replaces A
+    assert session.pinned.label.startswith("A: chain")
+
+
+def test_autoplay_moves_one_step_and_stops_at_the_end(finished):
+    session, _ = finished
+    view, more = handlers.play_step(session, 0)
+    assert view["slider"] == 1 and more and "Step 1 of" in view["phases"]
+    last = len(session.steps) - 1
+    view, more = handlers.play_step(session, last - 1)
+    assert view["slider"] == last and not more

@@ -54,7 +54,9 @@ def test_generate_is_a_named_api(client):
 
 
 def test_streamed_generation_ends_with_a_speedup(client):
-    job = client.submit(prompt=PROMPTS[0], method="dynamic", max_new_tokens=24, temperature=0.0, **FAST,
+    # 60 tokens: long enough that the tiny model's run outlasts the first update interval (at
+    # 24 tokens it can finish while the page's first view, with every panel, is being sent)
+    job = client.submit(prompt=PROMPTS[0], method="dynamic", max_new_tokens=60, temperature=0.0, **FAST,
                         api_name="/generate")
     final = job.result(timeout=300)
     assert len(job.outputs()) >= 3
@@ -177,7 +179,7 @@ def test_a_click_is_validated_once(client, monkeypatch):
     out = client.predict(knob="depth", start=1, stop=2, count=2, prompt=PROMPTS[1], method="chain", max_new_tokens=4,
                          temperature=0.0, top_p=1.0, seed=0, depth=2, top_k=2, total_tokens=4, tau_high=0.5,
                          tau_low=0.05, min_confidence=0.0, api_name="/explore")
-    assert "best: depth" in str(out[1]) and len(parsed) == 3
+    assert str(out[1]).startswith(("best: depth", "tie: depth")) and len(parsed) == 3
     with pytest.raises(ValidationError, match="- knob: knob top_k does nothing under method chain"):
         client.predict(knob="top_k", start=1, stop=2, count=2, prompt=PROMPTS[1], method="chain", max_new_tokens=4,
                        temperature=0.0, top_p=1.0, seed=0, depth=2, top_k=2, total_tokens=4, tau_high=0.5,

@@ -85,14 +85,14 @@ def _num(x) -> str:
 class Setting:
     """One setting of a generation request.
 
-    kind:        "int" | "float" | "str" (the prompt) | "choice" (one of ``choices``)
+    kind:        "int" | "float" | "bool" | "str" (the prompt) | "choice" (one of ``choices``)
     default:     the value a request that leaves it out gets (None: it is required)
     lo, hi:      the engine's inclusive range (for "str": at most ``hi`` characters)
     least_positive: floats only: besides 0, nothing below this (a smaller temperature or
                  top_p underflows float32 and leaves the sampler no distribution to draw from)
     methods:     the methods whose tree it shapes; elsewhere it is accepted and unused
     page_hi:     the page's (and its API's) cap, where the page caps lower than the engine
-    owner:       the config class that holds it: "request" | "tree" | "sampling"
+    owner:       the config class that holds it: "request" (the request itself) | "tree" | "sampling"
     label, step: the page control's label and step
     """
 
@@ -133,6 +133,8 @@ class Setting:
             return f"one of {', '.join(self.choices)}"
         if self.kind == "str":
             return f"a non-empty, non-blank string of at most {hi} characters"
+        if self.kind == "bool":
+            return "true or false"
         what = "an integer" if self.kind == "int" else "a number"
         if self.least_positive is not None:
             return f"0 or {what} in [{_num(self.least_positive)}, {_num(hi)}]"
@@ -163,6 +165,9 @@ class Setting:
                 self.refuse(value)
         elif self.kind == "str":
             self._check_text(value, hi)
+        elif self.kind == "bool":
+            if not isinstance(value, bool):
+                self.refuse(value)
         elif self.kind == "int":
             if not _is_int(value) or not self.lo <= value <= hi:
                 self.refuse(value, hi)
@@ -190,7 +195,7 @@ class Setting:
         range is ``check``'s. The page (and its API) then accept exactly what its control offers."""
         if self.page_choices and value not in self.page_choices:
             raise ValueError(f"{self.name} must be one of {', '.join(self.page_choices)} on this page, got {shown(value)}")
-        if self.page_hi is not None and value > self.page_hi:
+        if self.page_hi is not None and not isinstance(value, bool) and value > self.page_hi:
             self.refuse(value, self.page_hi, " on this page")
         return value
 
@@ -216,6 +221,11 @@ SETTINGS: tuple[Setting, ...] = (
             label="tau_low (threshold: 1 child)", step=0.01),
     Setting("min_confidence", "float", 0.0, 0.0, 1.0, methods=TREE_METHODS, owner="tree",
             label="min_confidence (drop nodes below)", step=0.01),
+    # Not a tree knob but a way of choosing the tree: each step, an ``app.engine.adapt.TreeAdapter``
+    # picks among a few trees by the tokens/s the run has measured so far (the knobs above are
+    # then unused). Output is the same either way; only speed changes.
+    Setting("adapt", "bool", False, methods=("dynamic",),
+            label="adapt the tree while decoding (the run picks each step's tree by measured speed)"),
 )
 SETTING: dict[str, Setting] = {s.name: s for s in SETTINGS}
 # The engine's one setting that the page does not offer.

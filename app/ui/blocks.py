@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,25 +29,32 @@ import gradio as gr
 
 from app.engine.config import SETTING, SETTINGS, Setting, TreeConfig
 from app.ui import handlers, limits
-from app.ui.explain import EXAMPLES, HOW_IT_WORKS
-from app.ui.requests import (AUTO_PRESET, CUSTOM_PRESET, SETTING_NAMES, SWEEP_KNOBS, TREE_KNOBS, TREE_PRESETS, Checked,
-                              preset_of, tree_preset)
+from app.ui.explain import EXAMPLES, HOW_IT_WORKS, HOW_IT_WORKS_VIEWS, TOUR_STEPS, WHAT_IS_THIS, header_markdown
+from app.ui.requests import (AUTO_PRESET, CUSTOM_PRESET, METHOD_KNOBS, SETTING_NAMES, SWEEP_KNOBS, TREE_KNOBS,
+                              TREE_PRESETS, Checked, preset_of, tree_preset)
 from app.ui.session import Session, close_session
 from app.ui.settings import AppContext, ServerConfig, gpu
 from app.viz.autotune import choice_figure, choice_markdown
 from app.viz.safe import page_message
 from app.viz.style import legend_html
+from app.viz.verify_view import tree_caption
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CSS_PATH = REPO_ROOT / "static" / "app.css"
+JS_PATH = REPO_ROOT / "static" / "app.js"
 TRACES_DIR = REPO_ROOT / "traces"
 ENGINE = "engine"   # the concurrency id shared by every event that runs the model
 
 # View name -> the order of outputs of the main events.
-RUN_VIEWS = ("status", "stream", "tree", "speedup", "race", "slider", "phases",
-             "depth", "calibration", "per_step", "trace_file")
-REPLAY_VIEWS = ("stream", "tree", "phases")
+# (The first release's outputs keep their places; later views are appended, so the API's
+# output order never changes.)
+RUN_VIEWS = ("status", "stream", "tree", "speedup", "race", "slider", "phases", "depth", "calibration", "per_step",
+             "trace_file", "mask", "mask_caption", "kv", "kv_caption", "ab_trees", "ab", "ab_caption")
+REPLAY_VIEWS = ("stream", "tree", "phases", "mask", "mask_caption", "kv", "kv_caption", "ab_trees")
+PLAY_VIEWS = REPLAY_VIEWS + ("slider",)
 EXPLORE_VIEWS = ("explorer_plot", "explorer_status")
+COMPARE_VIEWS = ("ab", "ab_trees", "ab_caption")
+PLAY_SPEEDS = {"slow: 2 s a step": 2.0, "1 s a step": 1.0, "fast: 0.5 s a step": 0.5}
 
 
 def demo_traces(folder: Path = TRACES_DIR) -> dict[str, str]:
@@ -54,9 +62,15 @@ def demo_traces(folder: Path = TRACES_DIR) -> dict[str, str]:
     return {p.stem: str(p) for p in sorted(folder.glob("*.json"))}
 
 
+def page_script() -> str:
+    """The page's script (static/app.js: the guided tour, tree-to-mask hover, in-page links),
+    with the tour's steps from ``explain.TOUR_STEPS``."""
+    return JS_PATH.read_text(encoding="utf-8").replace("__TOUR_STEPS__", json.dumps(TOUR_STEPS))
+
+
 def launch_kwargs(config: ServerConfig) -> dict:
-    """Arguments for ``demo.launch`` (css lives here in Gradio 6). Never ``share=True``."""
-    return dict(css_paths=[str(CSS_PATH)], max_file_size=config.trace_max_bytes, show_error=False,
+    """Arguments for ``demo.launch`` (css and js live here in Gradio 6). Never ``share=True``."""
+    return dict(css_paths=[str(CSS_PATH)], js=page_script(), max_file_size=config.trace_max_bytes, show_error=False,
                 state_session_capacity=config.public_limits.sessions_max,
                 app_kwargs=limits.app_kwargs(config, trace_dirs=[handlers.TRACE_DIR]))   # per-visitor bounds
 
@@ -139,7 +153,7 @@ def event_signature(before: tuple = (), defaults: dict | None = None, after: tup
     (name, annotation, default) triples. Gradio derives the event's API (names, order,
     defaults for ``gradio_client``) from it, so the API follows the specification."""
     P = inspect.Parameter
-    kinds = {"int": int, "float": float, "str": str, "choice": str}
+    kinds = {"int": int, "float": float, "bool": bool, "str": str, "choice": str}
     params = [P(name, P.POSITIONAL_OR_KEYWORD, annotation=kind) for name, kind in before]
     params += [P(s.name, P.POSITIONAL_OR_KEYWORD, annotation=kinds[s.kind],
                  default=(defaults or {}).get(s.name, P.empty)) for s in SETTINGS]
@@ -162,19 +176,20 @@ def _with_signature(fn, signature: inspect.Signature):
 
 def make_generate(ctx: AppContext, checked: Checked):
     """The Generate event (API ``/generate``): its parameters are the settings, then
-    step_mode and the visitor's session (not part of the API)."""
+    step_mode, race (against plain decoding) and the visitor's session (not part of the API)."""
     signature = event_signature(defaults=page_defaults(ctx.tree_defaults),
-                                after=(("step_mode", bool, False), ("session", Session | None, None)))
+                                after=(("step_mode", bool, False), ("race", bool, True),
+                                       ("session", Session | None, None)))
 
     def generate(*args, **kwargs):
         """Decode the prompt with the chosen method, streaming tokens and trees, then race vanilla."""
         a = signature.bind(*args, **kwargs)
         a.apply_defaults()
-        values = [a.arguments[name] for name in SETTING_NAMES] + [a.arguments["step_mode"]]
+        values = [a.arguments[name] for name in SETTING_NAMES] + [a.arguments["step_mode"], a.arguments["race"]]
         session = a.arguments["session"]
         session = session if isinstance(session, Session) else Session()
-        gen = handlers.generate(ctx, session, step_mode=a.arguments["step_mode"], request=checked.get(values),
-                                **dict(zip(SETTING_NAMES, values)))
+        gen = handlers.generate(ctx, session, step_mode=a.arguments["step_mode"], race=a.arguments["race"],
+                                request=checked.get(values), **dict(zip(SETTING_NAMES, values)))
         yield from _stream(gen, RUN_VIEWS)
 
     return _with_signature(generate, signature)
@@ -184,11 +199,13 @@ def make_explore(ctx: AppContext, checked: Checked):
     """The threshold explorer's event (API ``/explore``): knob, start, stop, count, then the
     settings, all required."""
     signature = event_signature(before=(("knob", str), ("start", float), ("stop", float), ("count", int)),
+                                defaults={"adapt": False},   # added after the first release: optional
                                 after=(("session", Session | None, None),))
 
     def explore(*args, **kwargs):
         """Run the prompt once per value of one knob and plot acceptance and speed against it."""
         a = signature.bind(*args, **kwargs)
+        a.apply_defaults()
         values = [a.arguments[name] for name in handlers.SWEEP_FIELDS + SETTING_NAMES]
         session = a.arguments.get("session")
         session = session if isinstance(session, Session) else Session()
@@ -216,8 +233,10 @@ def settings_validator(check, names: tuple, checked: Checked):
         if result is not None:
             checked.put(values, result)
         for name, message in list(problems.items()):
-            if name in FOLDED:   # its control may sit in a closed accordion: say it by the prompt too
-                problems["prompt"] = f"{FOLDED[name]}: {message}"
+            # its control sits in the side panel (maybe closed, maybe in a closed accordion):
+            # say it by the prompt too
+            if name != "prompt" and "prompt" not in problems and "prompt" in names:
+                problems["prompt"] = f"{FOLDED[name]}: {message}" if name in FOLDED else f"Settings: {message}"
         return [gr.validate(name not in problems, problems.get(name, "")) for name in names]
 
     return validate
@@ -240,10 +259,11 @@ def precheck(check):
 
 
 def applicability(method) -> tuple:
-    """Updates for the tree knobs' controls when the method changes: a knob that does not
-    shape this method's tree is disabled, with a note saying why (``Setting.why_not``)."""
+    """Updates for the controls of the settings that apply to some methods only (the tree
+    knobs, then ``adapt``: ``METHOD_KNOBS``) when the method changes: one that does nothing
+    under this method is disabled, with a note saying why (``Setting.why_not``)."""
     return tuple(gr.update(interactive=SETTING[k].applies_to(method), info=SETTING[k].why_not(method))
-                 for k in TREE_KNOBS)
+                 for k in METHOD_KNOBS)
 
 
 # --- layout ------------------------------------------------------------------------------------
@@ -255,11 +275,19 @@ class Components:
     session: gr.State
     controls: dict              # setting name -> its control (SETTINGS)
     step_mode: gr.Checkbox
+    race: gr.Checkbox
     generate_btn: gr.Button
     stop_btn: gr.Button
     step_btn: gr.Button
+    settings_btn: gr.Button
+    sidebar: gr.Sidebar
+    example: gr.Dropdown
     preset: gr.Dropdown
     outputs: dict               # view name -> component (RUN_VIEWS, EXPLORE_VIEWS)
+    play_btn: gr.Button
+    play_speed: gr.Dropdown
+    timer: gr.Timer
+    pin_btn: gr.Button
     knob: gr.Dropdown
     start: gr.Number
     stop_value: gr.Number
@@ -274,47 +302,79 @@ class Components:
         """The settings' controls in the order the events (and their validators) take them."""
         return [self.controls[name] for name in SETTING_NAMES]
 
+    @property
+    def restored(self) -> list:
+        """What loading a trace sets besides its views: every setting's control, the race
+        checkbox and the preset menu (``restore_outputs``)."""
+        return self.settings + [self.race, self.preset]
+
     def views(self, names) -> list:
         return [self.outputs[name] for name in names]
 
 
 def setting_control(s: Setting, value, method: str, cfg: ServerConfig):
-    """The page's control for one numeric setting, from its specification: its range (the
-    page's cap where it is lower, the server's cap for max_new_tokens), default and step;
-    disabled with a note when it does not apply to ``method``."""
+    """The page's control for one setting from its specification: its range (the page's cap
+    where it is lower, the server's cap for max_new_tokens), default and step; disabled with a
+    note when it does not apply to ``method``."""
     elem_id = s.name.replace("_", "-")
     if s.name == "seed":
         return gr.Number(value, precision=0, minimum=s.lo, label=s.label, elem_id=elem_id)
+    if s.kind == "bool":
+        return gr.Checkbox(value, label=s.label, elem_id=elem_id, interactive=s.applies_to(method),
+                           info=s.why_not(method) or None)
     hi = cfg.max_new_tokens if s.name == "max_new_tokens" else s.page_hi if s.page_hi is not None else s.hi
     return gr.Slider(s.lo, hi, value=min(value, hi), step=s.step, label=s.label, elem_id=elem_id,
                      interactive=s.applies_to(method), info=s.why_not(method) or None)
 
 
-def _prompt_column(cfg: ServerConfig) -> dict:
-    prompt = gr.Textbox(label=SETTING["prompt"].label, lines=3, elem_id="prompt", max_length=cfg.max_prompt_chars,
-                        placeholder="Ask something, or pick an example below")
-    gr.Examples([[p] for _, p in EXAMPLES], inputs=[prompt],
-                example_labels=[f"{cat}: {p[:48]}…" for cat, p in EXAMPLES], label="Examples")
-    with gr.Row():
-        buttons = dict(generate_btn=gr.Button("Generate", variant="primary", elem_id="generate-btn"),
-                       stop_btn=gr.Button("Stop", variant="stop", elem_id="stop-btn"),
-                       step_btn=gr.Button("Step ▶", elem_id="step-btn"))
-    step_mode = gr.Checkbox(False, label="Step mode (classroom): pause after every step; "
-                            "press Step to advance", elem_id="step-mode")
-    return dict(prompt=prompt, step_mode=step_mode, **buttons)
+def control_value(name: str, value, cfg: ServerConfig):
+    """A setting's value from a trace, as its control can hold it (a slider's range may be
+    narrower than the trace's: a server with a lower max_new_tokens cap)."""
+    s = SETTING[name]
+    if s.kind in ("int", "float") and name != "seed":
+        hi = cfg.max_new_tokens if name == "max_new_tokens" else s.page_hi if s.page_hi is not None else s.hi
+        return min(max(value, s.lo), hi)
+    return value
 
 
-def _settings_column(ctx: AppContext) -> dict:
-    """The method, max_new_tokens, and the tree and sampling accordions: one control per
-    setting of the specification (``SETTINGS``), in its accordion (``FOLDED``)."""
+EXAMPLES_ENTRY = "Example prompts…"   # the example menu's first entry: a title, not a prompt
+
+
+def _prompt_row(cfg: ServerConfig) -> dict:
+    """The prompt, an example menu, the run buttons and the settings panel's button: one row
+    above the stage."""
+    with gr.Row(elem_id="prompt-row", equal_height=True):
+        prompt = gr.Textbox(label=SETTING["prompt"].label, show_label=False, lines=1, max_lines=4, elem_id="prompt",
+                            scale=6, max_length=cfg.max_prompt_chars, container=False,
+                            placeholder="Type a prompt, or pick an example →")
+        example = gr.Dropdown([(EXAMPLES_ENTRY, "")] + [(f"{cat}: {p[:60]}…", p) for cat, p in EXAMPLES],
+                              value="", show_label=False,
+                              label="Example prompts", elem_id="example-choice", scale=2, min_width=150,
+                              container=False)
+        buttons = dict(generate_btn=gr.Button("Generate", variant="primary", elem_id="generate-btn", min_width=90,
+                                              scale=0),
+                       stop_btn=gr.Button("Stop", variant="stop", elem_id="stop-btn", min_width=60, scale=0),
+                       step_btn=gr.Button("Step ▶", elem_id="step-btn", min_width=80, scale=0),
+                       settings_btn=gr.Button("⚙ Settings", elem_id="settings-btn", min_width=110, scale=0))
+    return dict(prompt=prompt, example=example, **buttons)
+
+
+def _settings_panel(ctx: AppContext) -> dict:
+    """The side panel: the method, max_new_tokens, the race, adapt and step-mode switches, and
+    the tree and sampling accordions: one control per setting of the specification
+    (``SETTINGS``), in its accordion (``FOLDED``)."""
     method = SETTING["method"].default if ctx.has_head else "vanilla"
     values = page_defaults(ctx.tree_defaults)
+    gr.Markdown("### Settings\nThe run on screen set these; **Generate** runs them.")
     controls = {"method": gr.Radio(list(SETTING["method"].page_choices or SETTING["method"].choices), value=method, label=SETTING["method"].label,
                                    elem_id="method")}
-    numeric = [s for s in SETTINGS if s.kind in ("int", "float")]
-    for s in numeric:
-        if s.name not in FOLDED:
+    for s in SETTINGS:
+        if s.kind in ("int", "float", "bool") and s.name not in FOLDED:
             controls[s.name] = setting_control(s, values[s.name], method, ctx.config)
+    race = gr.Checkbox(True, label="race against plain decoding (vanilla runs alongside, for the speedup)",
+                       elem_id="race")
+    step_mode = gr.Checkbox(False, label="Step mode (classroom): pause after every step; "
+                            "press Step for the next one", elem_id="step-mode")
     preset = None
     for title in ACCORDIONS.values():
         with gr.Accordion(title, open=False):
@@ -322,37 +382,56 @@ def _settings_column(ctx: AppContext) -> dict:
                 preset = gr.Dropdown(list(TREE_PRESETS) + [CUSTOM_PRESET], value=AUTO_PRESET,
                                      label="preset (total / depth / top_k)", elem_id="tree-preset",
                                      info="the fastest tree depends on the hardware: compare them in the race")
-            for s in numeric:
+            for s in SETTINGS:
                 if FOLDED.get(s.name) == title:
                     controls[s.name] = setting_control(s, values[s.name], method, ctx.config)
-    return dict(controls=controls, preset=preset)
+    return dict(controls=controls, preset=preset, race=race, step_mode=step_mode)
 
 
-def _run_panels() -> dict:
-    """The live run: status, token stream, tree, speedup, race, the replay slider, phases."""
-    out = {"status": gr.Markdown("", elem_id="status")}
+def _stage() -> dict:
+    """The classroom stage, one screen: the tree of the step shown (left), and beside it the
+    step slider with autoplay and, in tabs, the step's account, attention mask and KV cache."""
+    out = {}
+    with gr.Row(elem_id="stage", equal_height=False):
+        with gr.Column(scale=6, min_width=420):
+            out["tree"] = gr.Plot(label="Draft tree of the step shown", elem_id="tree-plot", show_label=False)
+            gr.Markdown(tree_caption(), elem_id="tree-caption", elem_classes=["caption"])
+        with gr.Column(scale=5, min_width=380):
+            out["status"] = gr.Markdown("", elem_id="status")
+            with gr.Row(elem_id="player"):
+                out["slider"] = gr.Slider(0, 1, value=0, step=1, label="Step (0 = the prefill, then 1, 2, …)",
+                                          elem_id="step-slider", scale=4)
+                with gr.Column(scale=1, min_width=110):
+                    play = dict(play_btn=gr.Button("▶ Play", elem_id="play-btn", size="sm"),
+                                play_speed=gr.Dropdown(list(PLAY_SPEEDS), value="1 s a step", show_label=False,
+                                                       elem_id="play-speed", container=False),
+                                timer=gr.Timer(PLAY_SPEEDS["1 s a step"], active=False))
+            with gr.Tabs(elem_id="step-tabs"):
+                with gr.Tab("What happened", elem_id="phases-tab"):
+                    out["phases"] = gr.Markdown(handlers.phase_account(None), elem_id="phases")
+                with gr.Tab("Attention mask", elem_id="mask-tab"):
+                    out["mask"] = gr.Plot(elem_id="mask-plot", show_label=False)
+                    out["mask_caption"] = gr.Markdown("", elem_id="mask-caption", elem_classes=["caption"])
+                with gr.Tab("KV cache", elem_id="kv-tab"):
+                    out["kv"] = gr.Plot(elem_id="kv-plot", show_label=False)
+                    out["kv_caption"] = gr.Markdown("", elem_id="kv-caption", elem_classes=["caption"])
     with gr.Row():
         with gr.Column(scale=1):
             out["stream"] = gr.HTML(handlers.stream_html([]), label="Token stream", elem_id="token-stream")
             gr.HTML(legend_html())
         with gr.Column(scale=1):
-            out["tree"] = gr.Plot(label="Draft tree of the current step", elem_id="tree-plot")
-    with gr.Row():
-        with gr.Column(scale=1):
             out["speedup"] = gr.Markdown("", elem_id="speedup")
-        with gr.Column(scale=1):
+            pin_btn = gr.Button("Pin this run as A (then run B: compare them in the tab Compare A/B)",
+                                elem_id="pin-btn", size="sm")
             out["race"] = gr.Plot(label="Speed race", elem_id="race-plot")
-    with gr.Group():
-        out["slider"] = gr.Slider(0, 1, value=0, step=1, label="Step replay: drag through the steps",
-                                  elem_id="step-slider")
-        out["phases"] = gr.Markdown(handlers.phase_account(None), elem_id="phases")
-    return out
+    return dict(out, pin_btn=pin_btn, **play)
 
 
 def _explorer_tab(cfg: ServerConfig) -> dict:
-    gr.Markdown("Run the prompt once per value of one knob, a tree knob or the temperature "
-                f"(other settings as above, at most {cfg.explore_max_new_tokens} tokens per run) "
-                "and compare. A knob must shape the chosen method's tree.")
+    gr.Markdown("Run the prompt for several values of one knob, a tree knob or the temperature "
+                f"(other settings as in the side panel, at most {cfg.explore_max_new_tokens} tokens per run), "
+                f"each value {handlers.EXPLORE_REPEATS} times: a value is named best only when it beats the "
+                "others by more than the run-to-run noise. A knob must shape the chosen method's tree.")
     with gr.Row():
         parts = dict(knob=gr.Dropdown(list(SWEEP_KNOBS), value="total_tokens", label="knob", elem_id="explore-knob"),
                      start=gr.Number(8, label="from", elem_id="explore-start"),
@@ -375,7 +454,8 @@ def _tree_size_tab(ctx: AppContext) -> None:
 
 def _traces_tab(demos: dict[str, str]) -> dict:
     gr.Markdown("Download this run as JSON (settings + every step record), or load one — "
-                "replay needs no model at all.")
+                "replay needs no model at all. Loading a run also sets every control to its settings, "
+                "so Generate runs it again.")
     download = gr.DownloadButton("Download trace (.json)", interactive=False, elem_id="trace-download")
     upload = gr.File(label="Load a trace (.json)", file_types=[".json"], type="filepath", elem_id="trace-upload")
     with gr.Row():
@@ -385,11 +465,29 @@ def _traces_tab(demos: dict[str, str]) -> dict:
     return dict(upload=upload, demo_choice=demo_choice, demo_btn=demo_btn, views={"trace_file": download})
 
 
+def _compare_tab() -> dict:
+    gr.Markdown("Pin a run as **A** (the button under the speedup), then run another — change the tree, "
+                "the method or the temperature, or load another demo: that run is **B**. One pinned run is "
+                "kept; pinning again replaces it. The trees are drawn at the step the slider shows.")
+    return dict(ab_caption=gr.Markdown("_Nothing pinned yet._", elem_id="ab-caption"),
+                ab=gr.Plot(label="A against B", elem_id="ab-plot", show_label=False),
+                ab_trees=gr.Plot(label="The two trees at the same step", elem_id="ab-trees-plot", show_label=False))
+
+
 def _tabs(ctx: AppContext, demos: dict[str, str]) -> dict:
-    with gr.Tabs():
+    with gr.Tabs(elem_id="more-tabs"):
+        with gr.Tab("How it works", elem_id="how-tab"):
+            gr.Markdown(HOW_IT_WORKS)
+            gr.Markdown(HOW_IT_WORKS_VIEWS, elem_id="how-views")
+            gr.HTML(legend_html())
+        with gr.Tab("Compare A/B", elem_id="compare-tab"):
+            views = _compare_tab()
         with gr.Tab("Insights"):
+            gr.Markdown("Over the whole run: how often the target accepted a guess at each depth, whether the head's "
+                        "confidence predicts that (calibration), and how many tokens each step wrote.",
+                        elem_classes=["caption"])
             with gr.Row():
-                views = dict(depth=gr.Plot(label="Acceptance by depth", elem_id="depth-plot"),
+                views.update(depth=gr.Plot(label="Acceptance by depth", elem_id="depth-plot"),
                              calibration=gr.Plot(label="Calibration", elem_id="calibration-plot"),
                              per_step=gr.Plot(label="Tokens per step", elem_id="per-step-plot"))
         with gr.Tab("Threshold explorer"):
@@ -398,29 +496,38 @@ def _tabs(ctx: AppContext, demos: dict[str, str]) -> dict:
             _tree_size_tab(ctx)
         with gr.Tab("Traces"):
             traces_tab = _traces_tab(demos)
-        with gr.Tab("How EAGLE-2 works"):
-            gr.Markdown(HOW_IT_WORKS)
-            gr.HTML(legend_html())
     views.update(explorer.pop("views"), **traces_tab.pop("views"))
     return dict(explorer, **traces_tab, views=views)
+
+
+def page_header(ctx: AppContext) -> str:
+    """The header's Markdown (``explain.header_markdown``) from this server's engine and tree."""
+    if ctx.engine is None:
+        return header_markdown(None, None, False)
+    tree = ctx.tree_defaults
+    return header_markdown(handlers._model_info(ctx),
+                           {"total_tokens": tree.total_tokens, "depth": tree.depth, "top_k": tree.top_k},
+                           ctx.tree_choice is not None, ctx.head_missing)
 
 
 def build_layout(ctx: AppContext, demos: dict[str, str]) -> Components:
     """Every component of the page, inside the caller's ``gr.Blocks``; no events."""
     session = gr.State(Session(), time_to_live=ctx.config.session_ttl_s, delete_callback=close_session)
-    gr.Markdown("# EAGLE Lens — watch speculative decoding think\n" + ctx.model_note)
+    gr.Markdown(page_header(ctx), elem_id="header")
     if ctx.head_missing:
         gr.Markdown(f"⚠️ {ctx.head_missing}", elem_id="head-warning")
-    with gr.Row():
-        with gr.Column(scale=3):
-            left = _prompt_column(ctx.config)
-        with gr.Column(scale=2):
-            right = _settings_column(ctx)
-    outputs = _run_panels()
+    with gr.Accordion("What am I looking at?", open=False, elem_id="what-is-this"):
+        gr.Markdown(WHAT_IS_THIS)
+    with gr.Sidebar(label="Settings", open=False, elem_id="settings-panel", width=360) as sidebar:
+        panel = _settings_panel(ctx)
+    top = _prompt_row(ctx.config)
+    stage = _stage()
     tabs = _tabs(ctx, demos)
+    outputs = {k: stage.pop(k) for k in list(stage) if k not in ("play_btn", "play_speed", "timer", "pin_btn")}
     outputs.update(tabs.pop("views"))
-    controls = {"prompt": left.pop("prompt"), **right["controls"]}
-    return Components(session=session, controls=controls, preset=right["preset"], outputs=outputs, **left, **tabs)
+    controls = {"prompt": top.pop("prompt"), **panel["controls"]}
+    return Components(session=session, controls=controls, preset=panel["preset"], race=panel["race"],
+                      step_mode=panel["step_mode"], sidebar=sidebar, outputs=outputs, **top, **stage, **tabs)
 
 
 # --- wiring -----------------------------------------------------------------------------------
@@ -431,6 +538,8 @@ def wire(demo: gr.Blocks, c: Components, ctx: AppContext, demos: dict[str, str])
     wire_stop(c, engine_events)
     wire_knobs(c, ctx.tree_defaults)
     wire_replay_and_traces(demo, c, ctx, demos)
+    wire_autoplay(c)
+    wire_compare(c)
 
 
 def wire_engine(c: Components, ctx: AppContext) -> list:
@@ -442,9 +551,10 @@ def wire_engine(c: Components, ctx: AppContext) -> list:
     # preprocess=False: the raw JSON values reach the handlers, whose own validation names
     # the parameter and its range in every message (the components' checks would not).
     engine_events = dict(concurrency_limit=1, concurrency_id=ENGINE, preprocess=False)
+    n = len(SETTING_NAMES)
 
     def check_generate(*values):
-        return handlers.check_generate(ctx, dict(zip(SETTING_NAMES, values)), values[-1])
+        return handlers.check_generate(ctx, dict(zip(SETTING_NAMES, values)), values[n], values[n + 1])
 
     def check_explore(*values):
         return handlers.check_explore(ctx, *values[:4], dict(zip(SETTING_NAMES, values[4:])))
@@ -453,8 +563,8 @@ def wire_engine(c: Components, ctx: AppContext) -> list:
         yield from _stream(handlers.step(ctx, session), RUN_VIEWS)
 
     generate = make_generate(ctx, checked)
-    generate_validator = settings_validator(check_generate, SETTING_NAMES + ("step_mode", None), checked)
-    inputs = c.settings + [c.step_mode, c.session]
+    generate_validator = settings_validator(check_generate, SETTING_NAMES + ("step_mode", "race", None), checked)
+    inputs = c.settings + [c.step_mode, c.race, c.session]
     events = [c.generate_btn.click(generate, inputs, run_outputs, api_name="generate", validator=generate_validator,
                                    **engine_events),
               c.controls["prompt"].submit(generate, inputs, run_outputs, api_visibility="private",
@@ -477,9 +587,10 @@ def wire_stop(c: Components, engine_events: list) -> None:
 
 
 def wire_knobs(c: Components, tree0: TreeConfig) -> None:
-    """The tree knobs: a method change enables the knobs that shape its tree; a preset moves
-    three knobs; a knob moved by hand updates the preset menu. No engine work, so no queue."""
-    c.controls["method"].change(applicability, [c.controls["method"]], [c.controls[k] for k in TREE_KNOBS],
+    """The knobs: a method change enables the controls that apply to it; a preset moves three
+    knobs; a knob moved by hand updates the preset menu; an example fills the prompt. No
+    engine work, so no queue."""
+    c.controls["method"].change(applicability, [c.controls["method"]], [c.controls[k] for k in METHOD_KNOBS],
                                 queue=False, api_visibility="private", show_progress="hidden")
     sizes = [c.controls[k] for k in ("depth", "top_k", "total_tokens")]
 
@@ -498,33 +609,92 @@ def wire_knobs(c: Components, tree0: TreeConfig) -> None:
     for knob_slider in sizes:   # moved by hand: the menu follows
         knob_slider.input(name_preset, sizes, [c.preset], queue=False, preprocess=False,
                           api_visibility="private", show_progress="hidden", trigger_mode="always_last")
+    c.example.input(lambda text: text if isinstance(text, str) and text else gr.skip(), [c.example],
+                    [c.controls["prompt"]], queue=False, api_visibility="private", show_progress="hidden")
+    c.settings_btn.click(lambda: gr.Sidebar(open=True), None, [c.sidebar], queue=False, api_visibility="private",
+                         show_progress="hidden")
+
+
+def restore_outputs(view: dict, ctx: AppContext) -> tuple:
+    """Values for ``Components.restored`` from a loaded trace's view: each setting's control
+    gets the trace's value (the page's default for a setting the trace predates), the race
+    checkbox whether it raced, the preset menu the tree the knobs now hold. A view without
+    settings (a refused load) leaves them alone."""
+    settings = view.get("settings")
+    if settings is None:
+        return (gr.skip(),) * (len(SETTING_NAMES) + 2)
+    defaults = page_defaults(ctx.tree_defaults)
+    values = {name: control_value(name, settings.get(name, defaults.get(name)), ctx.config) for name in SETTING_NAMES}
+    preset = preset_of(values["depth"], values["top_k"], values["total_tokens"], ctx.tree_defaults)
+    return tuple(values[name] for name in SETTING_NAMES) + (view.get("race_on", True), preset)
 
 
 def wire_replay_and_traces(demo: gr.Blocks, c: Components, ctx: AppContext, demos: dict[str, str]) -> None:
-    """The replay slider, trace upload, the shipped demos, and the first demo on page load."""
-    run_outputs = c.views(RUN_VIEWS)
+    """The replay slider, trace upload, the shipped demos, and the first demo on page load.
+    Loading a trace restores its prompt and every knob into the controls (``restore_outputs``)."""
+    load_outputs = c.views(RUN_VIEWS) + c.restored
 
     def replay(session: Session, index: float):
         return _once(lambda: handlers.replay_view(session, index), REPLAY_VIEWS)
 
+    def loaded(fn) -> tuple:
+        with page_errors():
+            view = fn()
+        return _outputs(view, RUN_VIEWS) + restore_outputs(view, ctx)
+
     def load_trace(session: Session, path):
-        return _once(lambda: handlers.load_trace_file(ctx, session, path), RUN_VIEWS)
+        return loaded(lambda: handlers.load_trace_file(ctx, session, path))
 
     def load_demo(session: Session, name: str):
-        return _once(lambda: handlers.load_demo(ctx, session, demos, name), RUN_VIEWS)
+        return loaded(lambda: handlers.load_demo(ctx, session, demos, name))
 
     def first_demo(session: Session):
         """On page load: show the first shipped trace, so a visitor sees a demo at once."""
-        return load_demo(session, next(iter(demos))) if demos else _outputs({}, RUN_VIEWS)
+        return load_demo(session, next(iter(demos))) if demos else loaded(dict)
 
     slider = c.outputs["slider"]
     slider.input(replay, [c.session, slider], c.views(REPLAY_VIEWS), api_name="replay",
                  trigger_mode="always_last", preprocess=False)
     c.upload.upload(precheck(lambda path: handlers.read_trace_file(ctx, path)), [c.upload], None,
-                    api_visibility="private").success(load_trace, [c.session, c.upload], run_outputs,
+                    api_visibility="private").success(load_trace, [c.session, c.upload], load_outputs,
                                                       api_name="load_trace")
-    c.demo_btn.click(load_demo, [c.session, c.demo_choice], run_outputs, api_name="load_demo", preprocess=False)
-    demo.load(first_demo, [c.session], run_outputs, api_visibility="private")
+    c.demo_btn.click(load_demo, [c.session, c.demo_choice], load_outputs, api_name="load_demo", preprocess=False)
+    demo.load(first_demo, [c.session], load_outputs, api_visibility="private")
+
+
+def wire_autoplay(c: Components) -> None:
+    """▶ Play / ⏸ Pause: a timer moves the slider one step per tick at the chosen speed and
+    stops itself at the last step (no engine work, so off the engine's worker)."""
+    playing = gr.State(False)
+
+    def toggle(is_playing: bool, session: Session, index):
+        start = not is_playing and bool(session.steps)
+        if start and isinstance(index, (int, float)) and index >= len(session.steps) - 1:
+            index = 0   # at the end: play from the start
+        return (start, gr.Timer(active=start), "⏸ Pause" if start else "▶ Play",
+                index if start else gr.skip())
+
+    def tick(session: Session, index):
+        with page_errors():
+            view, more = handlers.play_step(session, index)
+        return _outputs(view, PLAY_VIEWS) + (more, gr.Timer(active=more), "⏸ Pause" if more else "▶ Play")
+
+    c.play_btn.click(toggle, [playing, c.session, c.outputs["slider"]],
+                     [playing, c.timer, c.play_btn, c.outputs["slider"]], api_visibility="private",
+                     show_progress="hidden", preprocess=False)
+    c.timer.tick(tick, [c.session, c.outputs["slider"]], c.views(PLAY_VIEWS) + [playing, c.timer, c.play_btn],
+                 api_visibility="private", show_progress="hidden", preprocess=False)
+    c.play_speed.change(lambda name: gr.Timer(value=PLAY_SPEEDS.get(name, 1.0)), [c.play_speed], [c.timer],
+                        api_visibility="private", show_progress="hidden", queue=False)
+
+
+def wire_compare(c: Components) -> None:
+    """Pin this run as A: kept in the visitor's session (one pinned run); the next run on
+    screen is B and the comparison panel follows it (``handlers.compare_view``)."""
+    def pin(session: Session):
+        return _once(lambda: handlers.pin(session), COMPARE_VIEWS)
+
+    c.pin_btn.click(pin, [c.session], c.views(COMPARE_VIEWS), api_name="pin")
 
 
 def build_demo(ctx: AppContext, demos: dict[str, str] | None = None) -> gr.Blocks:

@@ -1,5 +1,69 @@
-"""Words on the page: the "How EAGLE-2 works" panel and the example prompts."""
+"""Words on the page: the header, "What am I looking at?", the "How it works" panel, the
+guided tour's steps and the example prompts."""
 from __future__ import annotations
+
+from app.viz.verify_view import kv_caption, mask_caption, tree_caption
+
+TREE_SIZE_LINK = "#tree-size"   # a link the page's script turns into "open the tab Tree size for this machine"
+TOUR_LINK = "#tour"             # ... and into "start the guided tour"
+
+WHAT_IS_THIS = (
+    "A language model writes one token (a word piece) per pass through the whole model. Here a tiny "
+    "**draft head** first guesses a small **tree** of possible next tokens (left: each dot is a guess, "
+    "coloured by how sure the head was). The big **target** model then checks every guess in **one "
+    "pass** (the *Attention mask* tab shows how one pass can check many branches at once). The longest "
+    "branch the target agrees with is kept, plus one token of the target's own (the **bonus**), so a "
+    "step can write several tokens for the price of one pass. The answer is exactly what the target "
+    "alone would write: wrong guesses only cost a little compute (the *KV cache* tab shows they leave no "
+    "trace in memory). Drag the **step slider** (or press ▶) to walk through a run step by step.")
+
+
+def header_markdown(model: dict | None, tree: dict | None, sized_here: bool, head_missing: str = "") -> str:
+    """The page's header in a visitor's words: which model answers, on what, what the draft
+    head is, and the default tree and why (linking the tab that shows the measurement).
+
+    ``model``: {"target", "head", "device", "dtype"} or None (a replay-only server);
+    ``tree``: the default tree's {"total_tokens", "depth", "top_k"}; ``sized_here``: whether
+    it was measured fastest on this machine (``autotune``) or is the engine's fixed default."""
+    title = "# EAGLE Lens — watch speculative decoding think\n"
+    if model is None:
+        return title + ("No model is loaded on this server: it replays recorded runs (the demos, or a trace "
+                        "you upload), every step exactly as it ran.")
+    device = {"cpu": "CPU", "cuda": "GPU", "mps": "Apple GPU"}.get(model.get("device", ""), model.get("device", ""))
+    text = f"Answers come from **{model['target']}** on this server's {device} ({model['dtype']}). "
+    if head_missing:
+        return title + text + "No draft head is loaded, so only plain decoding (method vanilla) and recorded runs work."
+    text += ("A small **draft head** (one extra layer trained for it) guesses ahead and the model checks all the "
+             "guesses in one pass: the same answer, in fewer passes. ")
+    if tree:
+        shape = f"**{tree['total_tokens']} guesses, {tree['depth']} deep** (up to {tree['top_k']} per level)"
+        text += (f"Default tree: {shape}, " + ("the size measured fastest here" if sized_here
+                                                else "the engine's default, not measured here")
+                 + f" ([why]({TREE_SIZE_LINK})).")
+    return title + text + f" [Take the tour]({TOUR_LINK})."
+
+
+# The guided tour: (CSS selector of what it points at, the tab to open first or "", title, text).
+TOUR_STEPS = (
+    ("#tree-plot", "", "1 · Draft",
+     "Each step, the small draft head guesses a tree of next tokens. Every dot is one guess, coloured by "
+     "the head's confidence (dark = unsure, yellow = sure). Hover a dot to see its numbers."),
+    ("#mask-plot", "Attention mask", "2 · Verify in one forward",
+     "The target checks every guess in ONE pass. This mask is why that works: each row (a guess) may only "
+     "look at the text so far and its own ancestors, never at a sibling, so every branch is read as if it "
+     "were the only one. Hover a dot in the tree: its row lights up here."),
+    ("#phases", "What happened", "3 · Accept the longest match + a bonus",
+     "Walking down from the root, a guess is kept while it is what the target itself would have written. "
+     "The first mismatch ends the path, and the target's own token there comes free: the bonus. So one "
+     "pass writes accepted guesses + 1 token."),
+    ("#kv-plot", "KV cache", "4 · Why the answer is identical",
+     "Every kept token is one the target itself chose, so the output is exactly plain decoding's. The "
+     "wrong branches cost compute in that one pass, but not memory: their cache slots are dropped, the "
+     "accepted path is moved together."),
+    ("#step-slider", "", "5 · Your turn",
+     "Drag the slider or press ▶ to walk through the run. Type a prompt and press Generate to race it "
+     "against plain decoding, pin a run as A and compare another tree against it."),
+)
 
 HOW_IT_WORKS = """
 ### How EAGLE-2 works — in three phases per step
@@ -41,10 +105,26 @@ guess from the draft's `q` and accepts it with probability min(1, p/q): when q i
 that accepts far more often (here, at temperature 1 over six prompt sets, 0.47 against 0.25 at
 depth 1). Both rules keep the output distributed exactly as the target's.
 
-**Speed race:** after your run the same prompt is decoded by vanilla decoding of the same model
-on the same machine — one after the other, never at the same time, so neither timing is
-disturbed. Both clocks are the engine's own decoding time after the prompt's prefill.
+**Speed race:** the same prompt is decoded by vanilla decoding of the same model on the same
+machine, interleaved with your run in chunks of 16 tokens (never at the same time, so neither
+timing disturbs the other, and a change in the machine's load hits both alike). Both clocks
+are the engine's own decoding time after the prompt's prefill. Untick *race against plain
+decoding* to skip it.
+
+**Adapting the tree:** with *adapt the tree while decoding* (method dynamic) the run chooses
+each step's tree itself among a few candidates (chains of 1–4 guesses and the tree sized for
+this machine), by the tokens per second it has measured so far; the step account says when
+the tree changes and why. The output does not change, only the speed.
 """
+
+HOW_IT_WORKS_VIEWS = (
+    "### The three views of one step\n\n"
+    f"**The draft tree.** {tree_caption()}\n\n"
+    f"**The tree attention mask** (tab *Attention mask*). {mask_caption()}\n\n"
+    f"**The KV cache** (tab *KV cache*). {kv_caption()}\n\n"
+    "**Step numbers.** Step 0 is the *prefill*: one forward over the whole prompt, which fills the cache "
+    "and yields the first token (no tree yet). Steps 1, 2, … are the decoding steps, each one "
+    "draft → verify → accept.")
 
 EXAMPLES = (
     ("chat", "What are three tips for staying focused while studying?"),

@@ -28,18 +28,24 @@ from app.ui.limits import kv_bytes
 from app.ui.pump import BackgroundRun
 from app.ui.race import VANILLA, interleave
 from app.ui.requests import SETTING_NAMES, SWEEP_KNOBS, Request, build_request, setting_of
-from app.ui.session import Session, VanillaRun
+from app.ui.session import PinnedRun, Session, VanillaRun
 from app.ui.settings import AppContext
 from app.viz.insights import calibration_figure, depth_figure, explorer_figure, tokens_per_step_figure
-from app.viz.phases import phase_account
+from app.viz.compare import ab_caption, ab_figure, ab_trees_figure
+from app.viz.phases import decoding_total, phase_account, step_number, tree_shape
 from app.viz.race import race_figure, speedup, speedup_with_spread
 from app.viz.safe import md_code
 from app.viz.stream import stream_html
 from app.viz.tree import tree_figure
+from app.viz.verify_view import kv_caption, kv_figure, mask_caption, mask_figure
 
 TRACE_DIR = os.path.join(tempfile.gettempdir(), "eagle-lens-traces")
 TRACE_MAX_AGE_S = 3600
-RACE_CHUNK_TOKENS = 16   # EAGLE and vanilla alternate every this many tokens (app/ui/race.py)   # trace files older than this are deleted, so a busy server's disk cannot fill
+# trace files older than this are deleted, so a busy server's disk cannot fill
+RACE_CHUNK_TOKENS = 16   # EAGLE and vanilla alternate every this many tokens (app/ui/race.py)
+# The tree plot's figure height: fixed, so the page does not jump while a run streams (a taller
+# tree scrolls inside its panel, see static/app.css).
+TREE_PX = 440
 
 
 # --- views: pure functions of the session ----------------------------------------------------
@@ -52,24 +58,52 @@ def _rate(steps: list[StepEvent]) -> tuple[int, float, float]:
     return n, t, (n / t if t > 0 else 0.0)
 
 
+def _switch_reasons(session: Session) -> dict[int, str]:
+    """{record step: why the adaptive run changed its tree there} (``TreeAdapter.switches``
+    counts the decoding steps it had seen before choosing, so record step = that + 1)."""
+    adapter = session.adapter
+    return {seen + 1: why for seen, _, why in getattr(adapter, "switches", [])} if adapter else {}
+
+
+def step_view(session: Session, index: int | None, total: int | None = None, compare: bool = True) -> dict:
+    """What the page shows for one step of the run on screen: its tree (fixed height), the
+    account of its three phases (numbered as a person reads them: the prefill, then step 1, 2,
+    ...), the verify forward's attention mask and the KV cache, each with its caption, and the
+    A/B trees at this step index when a run is pinned (and ``compare``: not while a run
+    streams, whose B is not finished). ``index`` None: no step yet."""
+    steps = session.steps
+    step = steps[index] if steps and index is not None else None
+    previous = steps[index - 1] if step is not None and index > 0 else None
+    number = step_number(steps, index) if step is not None else None
+    view = {"tree": tree_figure(step, height=TREE_PX, number=number),
+            "phases": phase_account(step, total, number, previous,
+                                    _switch_reasons(session).get(step.step) if step is not None else None),
+            "mask": mask_figure(step, number=number), "mask_caption": mask_caption(step),
+            "kv": kv_figure(step, number=number), "kv_caption": kv_caption(step)}
+    pinned = session.pinned
+    if compare and pinned is not None and pinned.run_id != session.run_id and step is not None:
+        a_step = pinned.steps[index] if index < len(pinned.steps) else None
+        view["ab_trees"] = ab_trees_figure(a_step, step, labels=(pinned.label, run_label(session.settings, "B")))
+    return view
+
+
 def live_view(session: Session, status: str, vanilla_steps: list[StepEvent] | None = None) -> dict:
-    """The page while the EAGLE run streams: text, latest tree, the race so far (against a
-    cached vanilla run when there is one), running numbers."""
+    """The page while the EAGLE run streams: text, latest step (tree, account, mask, KV), the
+    race so far (against the vanilla run interleaved with it, when there is one), running numbers."""
     steps = session.steps
     n, _, rate = _rate(steps)
-    tau = n / len(steps) if steps else 0.0
-    last = steps[-1] if steps else None
+    forwards = max(len(steps) - 1, 0)
+    tau = n / forwards if forwards else 0.0
     return {"status": status,
             "stream": stream_html(steps),
-            "tree": tree_figure(last),
-            "speedup": f"**{session.settings.get('method', '')}**: {n} tokens in {len(steps)} target forwards, "
+            **step_view(session, len(steps) - 1 if steps else None, compare=False),
+            "speedup": f"**{session.settings.get('method', '')}**: {n} tokens in {forwards} decoding steps, "
                        f"τ = {tau:.2f} tokens/forward, {rate:.1f} tokens/s so far",
             # A plain value, not a (maximum, value) component update: Gradio rebuilds a
             # component's whole config (JSON schema included) on every property update, which
             # cost the engine ~10% of its speed at 4 updates/s. The run's first view sets the
             # slider's range once (``_first_view``), the final view shrinks it to the steps made.
             "slider": max(len(steps) - 1, 0),
-            "phases": phase_account(last, len(steps)),
             "race": race_figure(steps, vanilla_steps, eagle_label=session.settings.get("method", "EAGLE"))}
 
 
@@ -163,23 +197,38 @@ def speedup_decomposition(eagle_steps, vanilla_steps) -> str:
             f"{cost:.2f} vanilla steps; {verdict}.")
 
 
-def final_view(session: Session, status: str) -> dict:
-    """Everything about a finished run (live or loaded from a trace)."""
+def instructive_step(steps: list[StepEvent]) -> int:
+    """The index of a step worth opening a recorded run on: the deepest accepted path among
+    the steps where the target also rejected something (a tree that shows both outcomes),
+    the earliest of equals; else the deepest accepted path; the last step when none drafted."""
+    drafted = [i for i, s in enumerate(steps) if s.tree is not None and len(s.tree)]
+    if not drafted:
+        return max(len(steps) - 1, 0)
+    mixed = [i for i in drafted if "rejected" in steps[i].tree.status] or drafted
+    return max(mixed, key=lambda i: (len(steps[i].accepted), len(steps[i].tree), -i))
+
+
+def final_view(session: Session, status: str, index: int | None = None) -> dict:
+    """Everything about a finished run (live or loaded from a trace), showing step ``index``
+    (default: the last)."""
     steps = session.steps
-    last = len(steps) - 1
-    view = {"status": status, "stream": stream_html(steps), "tree": tree_figure(steps[-1] if steps else None),
+    last = max(len(steps) - 1, 0)
+    index = last if index is None else min(max(index, 0), last)
+    view = {"status": status,
+            "stream": stream_html(steps, highlight=index if index != last else None),
+            **step_view(session, index if steps else None, decoding_total(steps)),
             "speedup": speedup_text(session),
             "race": race_figure(steps, session.race_vanilla.steps if session.race_vanilla else None,
                                 eagle_label=session.settings.get("method", "EAGLE")),
-            "slider": (max(last, 0), max(last, 0)),
-            "phases": phase_account(steps[-1] if steps else None, len(steps)),
+            "slider": (last, index),
             "depth": depth_figure(steps), "calibration": calibration_figure(steps),
             "per_step": tokens_per_step_figure(steps)}
+    view.update(compare_view(session, index))
     return view
 
 
 def replay_view(session: Session, index) -> dict:
-    """The replay slider: the tree of step ``index``, the text up to it, its three phases."""
+    """The replay slider: step ``index``'s tree, account, mask and KV views, the text up to it."""
     steps = session.steps
     if not steps:
         return {"phases": phase_account(None)}
@@ -187,8 +236,67 @@ def replay_view(session: Session, index) -> dict:
             isinstance(index, float) and not math.isfinite(index)):
         raise ValueError(f"step must be a number, got {shown(index)}")
     i = min(max(int(index), 0), len(steps) - 1)
-    return {"stream": stream_html(steps, upto=i, highlight=i), "tree": tree_figure(steps[i]),
-            "phases": phase_account(steps[i], len(steps))}
+    return {"stream": stream_html(steps, upto=i, highlight=i), **step_view(session, i, decoding_total(steps))}
+
+
+def play_step(session: Session, index) -> tuple[dict, bool]:
+    """Autoplay's tick: the view of the step after ``index`` and whether more steps follow
+    (the page's timer stops when not). At the last step it starts again from step 1."""
+    steps = session.steps
+    if not steps:
+        return {"phases": phase_account(None)}, False
+    current = int(index) if isinstance(index, (int, float)) and not isinstance(index, bool) and math.isfinite(index) \
+        else 0
+    nxt = current + 1 if current + 1 < len(steps) else min(1, len(steps) - 1)
+    view = replay_view(session, nxt)
+    view["slider"] = nxt
+    return view, nxt + 1 < len(steps)
+
+
+# --- A/B: a pinned run against the run on screen ----------------------------------------------
+
+def run_label(settings: dict, letter: str) -> str:
+    """A short name of a run for the comparison: its letter, method and tree (N/d/k)."""
+    method = settings.get("method", "?")
+    tree = "" if method == "vanilla" else (" adaptive" if settings.get("adapt") else " " + tree_shape(
+        {k: settings.get(k) for k in ("method", "total_tokens", "depth", "top_k")}))
+    temperature = settings.get("temperature") or 0.0
+    return f"{letter}: {method}{tree}{f' T={temperature:g}' if temperature else ''}"
+
+
+def pin(session: Session) -> dict:
+    """Pin the run on screen as A (replacing any earlier pin: one pinned run per visitor)."""
+    if session.summary is None or not session.steps:
+        raise ValueError("Nothing to pin yet: generate or load a demo first, then pin it as A.")
+    v = session.race_vanilla
+    session.pinned = PinnedRun(run_id=session.run_id, label=run_label(session.settings, "A"),
+                               settings=dict(session.settings), steps=tuple(session.steps), summary=session.summary,
+                               vanilla_tokens_per_s=v.summary.tokens_per_s if v else None)
+    return {"ab_caption": f"**Pinned {session.pinned.label}.** Now change a setting and Generate, or load another "
+                          "demo: that run becomes B and is compared with A here.",
+            "ab": None, "ab_trees": None}
+
+
+def compare_view(session: Session, index: int | None = None) -> dict:
+    """The comparison panel: A (pinned) against B (the run on screen): acceptance by depth,
+    tau and tokens/s (``ab_figure``), both trees at the same step index, and one caption.
+    Empty views ({}) when nothing is pinned; a note when A is the run on screen."""
+    a = session.pinned
+    if a is None or session.summary is None:
+        return {}
+    if a.run_id == session.run_id:
+        return {"ab_caption": f"**Pinned {a.label}.** Run something else to compare it with.",
+                "ab": None, "ab_trees": None}
+    b_label = run_label(session.settings, "B")
+    v = session.race_vanilla
+    vanilla = v.summary.tokens_per_s if v else a.vanilla_tokens_per_s
+    index = len(session.steps) - 1 if index is None else index
+    a_step = a.steps[index] if index < len(a.steps) else None
+    return {"ab": ab_figure(list(a.steps), a.summary, session.steps, session.summary, labels=(a.label, b_label),
+                            vanilla_tokens_per_s=vanilla),
+            "ab_trees": ab_trees_figure(a_step, session.steps[index], labels=(a.label, b_label)),
+            "ab_caption": ab_caption(a.summary, session.summary, labels=(a.label, b_label),
+                                     vanilla_tokens_per_s=vanilla)}
 
 
 # --- running the engine ----------------------------------------------------------------------
@@ -210,17 +318,22 @@ def parse(ctx: AppContext, raw: dict) -> Request:
     return request
 
 
+def _check_flag(name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false, got {shown(value)}")
+
+
 def _check_step_mode(step_mode) -> None:
-    if not isinstance(step_mode, bool):
-        raise ValueError(f"step_mode must be true or false, got {shown(step_mode)}")
+    _check_flag("step_mode", step_mode)
 
 
-def check_generate(ctx: AppContext, raw: dict, step_mode=False) -> Request:
+def check_generate(ctx: AppContext, raw: dict, step_mode=False, race=True) -> Request:
     """Every check a Generate click gets before any model work: the settings (``parse``),
-    step_mode, and the engine's own ``check_request`` (prompt + max_new_tokens must fit the
-    model's context). The page's event validator runs this once per click."""
+    step_mode and race, and the engine's own ``check_request`` (prompt + max_new_tokens must
+    fit the model's context). The page's event validator runs this once per click."""
     request = parse(ctx, raw)
     _check_step_mode(step_mode)
+    _check_flag("race", race)
     ctx.engine.check_request(ctx.engine.encode_prompt(request.prompt), request.tree, request.max_new_tokens)
     return request
 
@@ -295,6 +408,22 @@ def _done_status(session: Session) -> str:
     return f"done ({'vanilla measured alongside' if session.race_vanilla else 'no race'}{page})."
 
 
+def tree_plan(ctx: AppContext, request: Request):
+    """(the first step's tree, the ``TreeAdapter`` that picks every later one, or None).
+
+    With ``adapt`` (method dynamic) the run adapts its tree while decoding
+    (``app.engine.adapt.adapter_for``): among top-1 chains of depth 1-4 and the tree tuned
+    for this machine when a kept profile exists, each step runs the one with the best tokens/s
+    measured so far. Nothing is measured in the foreground. Otherwise every step uses the
+    request's tree."""
+    if not (request.adapt and request.tree.method == "dynamic"):
+        return request.tree, None
+    from app.engine.adapt import adapter_for
+
+    start, adapter, _ = ctx.engine_thread.call(adapter_for, ctx.engine, request.tree, measure=False)
+    return start, adapter
+
+
 def _raced(ctx: AppContext, eagle, vanilla):
     """The records of both runs, interleaved in chunks (``app.ui.race``), run on the engine
     thread with the thread count chosen for this request (``app.engine.threads``)."""
@@ -316,17 +445,17 @@ def generate(ctx: AppContext, session: Session, step_mode: bool = False, race: b
     if request is None:
         request = parse(ctx, raw)
         _check_step_mode(step_mode)
-    if not isinstance(race, bool):
-        raise ValueError(f"race must be true or false, got {race!r}")
+    _check_flag("race", race)
     with session.running():
-        events = ctx.engine.generate(request.prompt, tree=request.tree, sampling=request.sampling,
-                                     max_new_tokens=request.max_new_tokens)
+        start_tree, adapter = tree_plan(ctx, request)
+        events = ctx.engine.generate(request.prompt, tree=start_tree, sampling=request.sampling,
+                                     max_new_tokens=request.max_new_tokens, adapt=adapter)
         racing = race and request.tree.uses_draft and not step_mode
         vanilla_events = ctx.engine.generate(request.prompt, tree=TreeConfig(method="vanilla"),
                                              sampling=request.sampling,
                                              max_new_tokens=request.max_new_tokens) if racing else None
         session.start(request.settings(), _model_info(ctx))
-        session.race_requested = race
+        session.race_requested, session.adapter = race, adapter
         vanilla_steps: list[StepEvent] = []
         cached = vanilla_steps if racing else None
 
@@ -335,7 +464,10 @@ def generate(ctx: AppContext, session: Session, step_mode: bool = False, race: b
             the whole run (no run has more steps than tokens), the last run's insights cleared."""
             return {**live_view(session, "prefill…", cached), "trace_file": None,
                     "slider": (max(request.max_new_tokens - 1, 1), 0),
-                    "depth": None, "calibration": None, "per_step": None}
+                    "depth": None, "calibration": None, "per_step": None,
+                    "ab": None, "ab_trees": None,
+                    "ab_caption": (f"_{session.pinned.label} is pinned: this run becomes B when it finishes._"
+                                   if session.pinned else "_Nothing pinned yet._")}
 
         if step_mode:
             yield first_view()
@@ -426,10 +558,16 @@ def stop(session: Session) -> dict:
     steps = session.steps
     tail = "; the vanilla race was not finished" if session.summary is not None and session.race_vanilla is None \
         and session.settings.get("method") != "vanilla" else ""
-    view = {"status": f"stopped after {len(steps)} step{'s' if len(steps) != 1 else ''}{tail}."}
+    done = decoding_total(steps)
+    view = {"status": f"stopped after {done} decoding step{'s' if done != 1 else ''} (and the prefill){tail}."
+            if steps else "stopped before the prefill."}
     if steps:
-        view.update(slider=(len(steps) - 1, len(steps) - 1), depth=depth_figure(steps),
-                    calibration=calibration_figure(steps), per_step=tokens_per_step_figure(steps))
+        # what was produced stays on screen: the text so far and the last step's tree, account,
+        # mask and KV views (the live updates may not have drawn the latest steps yet)
+        last = len(steps) - 1
+        view.update(stream=stream_html(steps), **step_view(session, last, done), slider=(last, last),
+                    depth=depth_figure(steps), calibration=calibration_figure(steps),
+                    per_step=tokens_per_step_figure(steps))
     return view
 
 
@@ -466,14 +604,21 @@ def write_trace(session: Session) -> str | None:
 
 
 def show_trace(session: Session, trace: traces.Trace, name: str) -> dict:
-    """Put a validated trace on screen, exactly as if it had just run."""
+    """Put a validated trace on screen as if it had just run, opened on an instructive step
+    (``instructive_step``). The view's "settings" are the trace's settings and "race" whether
+    it raced vanilla, for the page to restore into its controls (Generate then reproduces it)."""
     session.start(trace.settings, trace.model, source=f"trace: {name}")
     session.steps, session.summary = list(trace.steps), trace.summary
     if trace.vanilla_steps is not None:
         session.race_vanilla = VanillaRun(("trace", name), list(trace.vanilla_steps), trace.vanilla_summary)
     # the trace's model note is the uploader's text: shown as code, never as Markdown
     where = ", ".join(f"{md_code(k, 40)} {md_code(v)}" for k, v in trace.model.items() if v)
-    return final_view(session, f"replaying {md_code(name)} ({where}) — no model involved.")
+    index = instructive_step(session.steps)
+    shown_step = (f"the prefill" if session.steps[index].prefill else
+                  f"step {step_number(session.steps, index)} of {decoding_total(session.steps)}")
+    view = final_view(session, f"replaying {md_code(name)} ({where}) — no model involved. Showing {shown_step}: "
+                               "drag the slider or press ▶ to play.", index=index)
+    return {**view, "settings": dict(trace.settings), "race_on": trace.vanilla_steps is not None}
 
 
 def read_trace_file(ctx: AppContext, path) -> traces.Trace:
@@ -550,6 +695,9 @@ def check_explore(ctx: AppContext, knob, start, stop, count, raw: dict) -> Sweep
     request = parse(ctx, raw)
     if not request.tree.uses_draft:
         raise ValueError("method vanilla drafts no tree: choose an EAGLE method to explore its knobs")
+    if request.adapt:
+        raise ValueError("adapt must be off to explore a knob: an adaptive run picks its own tree, so the "
+                         "knob would change nothing")
     values = sweep_values(knob, start, stop, count, ctx.config.explore_max_values)
     method = request.tree.method
     if not SETTING[knob].applies_to(method):
@@ -588,21 +736,76 @@ def _run_to_summary(events):
         events.close()
 
 
-def _explore(ctx: AppContext, session: Session, sweep: Sweep):
-    knob, total, results = sweep.knob, len(sweep.runs), []
-    for i, (value, run) in enumerate(sweep.runs):
-        if session.stop_requested:
-            yield {"explorer_status": f"stopped after {len(results)} of {total} values."}
-            return
-        yield {"explorer_status": f"running {knob} = {value} ({i + 1}/{total}, {run.max_new_tokens} tokens each)…"}
-        events = ctx.engine.generate(run.prompt, tree=run.tree, sampling=run.sampling,
-                                     max_new_tokens=run.max_new_tokens)
-        summary = ctx.engine_thread.call(_run_to_summary, events)
-        results.append({"value": value, "mean_accepted": summary.mean_accepted, "tokens_per_s": summary.tokens_per_s})
-        yield {"explorer_plot": explorer_figure(knob, results)}
-    best = max(results, key=lambda r: r["tokens_per_s"])
-    note = (f"best: {knob} = {best['value']} at {best['tokens_per_s']:.1f} tokens/s "
-            f"(τ = {best['mean_accepted']:.2f}).")
+EXPLORE_REPEATS = 2   # runs per value: the spread between them is the noise a difference must beat
+
+
+def verdict(knob: str, results: list[dict]) -> tuple[dict | None, str]:
+    """Which value of ``knob`` was fastest, said only when it was faster by more than the
+    run-to-run noise the sweep measured; otherwise that the values tie.
+
+    ``results``: per value {"value", "mean_accepted", "tokens_per_s" (the mean of its runs),
+    "runs" (each run's tokens/s)}. The noise is the largest spread (max - min) between two
+    runs of one value, over all values: on a shared machine every run sees the same
+    neighbours, so one value's spread says what any gap may be made of. The best value is
+    named when its lead over the runner-up is larger than that noise.
+
+    Returns (the best result, or None for a tie, and the sentence for the page)."""
+    if not results:
+        return None, "no runs."
+    ranked = sorted(results, key=lambda r: -r["tokens_per_s"])
+    best = ranked[0]
+    noise = max((max(r["runs"]) - min(r["runs"]) for r in results if len(r["runs"]) > 1), default=None)
+    head = f"{knob} = {best['value']}: {best['tokens_per_s']:.1f} tokens/s (τ = {best['mean_accepted']:.2f})"
+    if len(ranked) == 1:
+        return best, f"only {head} could run."
+    second = ranked[1]
+    gap = best["tokens_per_s"] - second["tokens_per_s"]
+    if noise is None:
+        return None, (f"fastest: {head}; one run per value, so no noise was measured to judge its lead of "
+                      f"{gap:.1f} tokens/s.")
+    spread = f"run-to-run noise up to {noise:.1f} tokens/s (each value ran {len(best['runs'])} times)"
+    if gap > noise:
+        return best, (f"best: {head}, ahead of {knob} = {second['value']} by {gap:.1f} tokens/s — more than the "
+                f"{spread}.")
+    ties = [r for r in ranked if best["tokens_per_s"] - r["tokens_per_s"] <= noise]
+    return None, (f"tie: {knob} = {', '.join(str(r['value']) for r in ties)} "
+            f"are within the {spread}; the fastest here ({head}) may not be the fastest next time.")
+
+
+def _explore(ctx: AppContext, session: Session, sweep: Sweep, repeats: int = EXPLORE_REPEATS):
+    """Every value ``repeats`` times, in rounds (value 1, 2, ..., then again), so a change in the
+    machine's load hits every value alike; the verdict weighs the gaps against the spread."""
+    knob, total = sweep.knob, len(sweep.runs) * repeats
+    runs: dict[int, list] = {i: [] for i in range(len(sweep.runs))}
+    done = 0
+    for round_ in range(repeats):
+        for i, (value, run) in enumerate(sweep.runs):
+            if session.stop_requested:
+                yield {"explorer_status": f"stopped after {done} of {total} runs."}
+                return
+            yield {"explorer_status": f"run {done + 1}/{total}: {knob} = {value}"
+                                      f"{f' (again, round {round_ + 1} of {repeats})' if round_ else ''}, "
+                                      f"{run.max_new_tokens} tokens…"}
+            events = ctx.engine.generate(run.prompt, tree=run.tree, sampling=run.sampling,
+                                         max_new_tokens=run.max_new_tokens)
+            runs[i].append(ctx.engine_thread.call(_run_to_summary, events))
+            done += 1
+            yield {"explorer_plot": explorer_figure(knob, _sweep_results(sweep, runs), best=None)}
+    results = _sweep_results(sweep, runs)
+    best, note = verdict(knob, results)
     if sweep.skipped:
         note += " Skipped: " + "; ".join(sweep.skipped)
-    yield {"explorer_plot": explorer_figure(knob, results), "explorer_status": note}
+    yield {"explorer_plot": explorer_figure(knob, results, best=best), "explorer_status": note}
+
+
+def _sweep_results(sweep: Sweep, runs: dict[int, list]) -> list[dict]:
+    """Per value that has run: its mean tau and tokens/s, and each run's tokens/s."""
+    out = []
+    for i, (value, _) in enumerate(sweep.runs):
+        summaries = runs[i]
+        if summaries:
+            out.append({"value": value,
+                        "mean_accepted": sum(s.mean_accepted for s in summaries) / len(summaries),
+                        "tokens_per_s": sum(s.tokens_per_s for s in summaries) / len(summaries),
+                        "runs": [s.tokens_per_s for s in summaries]})
+    return out

@@ -1,15 +1,17 @@
-"""Record the shipped demo traces: `python -m app.ui.record [--out traces] [--max-new-tokens 64]`.
+"""Record the shipped demo traces: `python -m app.ui.record --shipped` (or one trace per example
+category with the flags' settings: `python -m app.ui.record [--out traces] [--max-new-tokens 64]`).
 
-Runs each example prompt (one per category) through the same handler the page uses, with the
-server's real engine (the embedded model and the shipped head unless the EAGLE_LENS_* variables
-say otherwise), race included, and writes one trace per category. The traces say which model,
-device and dtype produced them; a visitor replays them with no model at all.
+Runs each example prompt through the same handler the page uses, with the server's real engine
+(the embedded model and the shipped head unless the EAGLE_LENS_* variables say otherwise), race
+included, and writes one trace per demo. The traces say which model, device and dtype produced
+them; a visitor replays them with no model at all, and loading one sets the page's controls to
+its settings.
 """
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 import json
+from dataclasses import replace
 import os
 import sys
 
@@ -17,6 +19,37 @@ from app.ui import handlers, traces
 from app.ui.explain import EXAMPLES
 from app.ui.session import Session
 from app.ui.settings import ServerConfig, load_context
+
+
+# The shipped demos (``--shipped``): name, example category, settings. Each teaches one thing:
+# 1-chat opens the page (a branchy tree small enough to read every node), 2-code a plain chain,
+# 3-math a run that adapts its tree while decoding, 4-summary the small chain this CPU runs
+# fastest, 5-code-big-tree the EAGLE-2 paper's GPU tree (60 / 5 / 10: why it loses time on a
+# CPU), 6-chat-sampled sampled verification (a chain drafted from q, kept with min(1, p/q)).
+SHIPPED = (
+    ("1-chat", "chat", dict(depth=4, top_k=4, total_tokens=16)),
+    ("2-code", "code", dict(depth=5, top_k=1, total_tokens=5)),
+    ("3-math", "math", dict(depth=4, top_k=4, total_tokens=16, adapt=True)),
+    ("4-summary", "summary", dict(depth=2, top_k=1, total_tokens=2)),
+    ("5-code-big-tree", "code", dict(depth=5, top_k=10, total_tokens=60)),
+    ("6-chat-sampled", "chat", dict(depth=2, top_k=1, total_tokens=2, temperature=0.8, seed=1)),
+)
+
+
+def record(ctx, prompt: str, dest: str, head_label: str | None = None, **settings) -> None:
+    """Run ``prompt`` with ``settings`` through the page's handler (race included) and write
+    its trace to ``dest``; print one line on it."""
+    session = Session()
+    view = list(handlers.generate(ctx, session, prompt=prompt, **settings))[-1]
+    with open(view["trace_file"], encoding="utf-8") as f:
+        data = json.load(f)
+    if head_label:
+        data["model"]["head"] = head_label
+    with open(dest, "w", encoding="utf-8") as f:
+        f.write(traces.dumps(data))
+    s, v = session.summary, session.race_vanilla.summary
+    print(f"{dest}: {s.new_tokens} tokens, tau {s.mean_accepted:.2f}, {s.tokens_per_s:.1f} tokens/s "
+          f"vs vanilla {v.tokens_per_s:.1f} tokens/s; {view['speedup'].splitlines()[-1]}")
 
 
 def main(argv=None) -> int:
@@ -39,6 +72,8 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--only", default=None, help="record only this example category (chat, code, math, summary)")
     p.add_argument("--name", default=None, help="file name (without .json) for the one trace of --only")
+    p.add_argument("--shipped", action="store_true",
+                   help="record the shipped demo set (SHIPPED: each demo's own settings; the tree flags are ignored)")
     args = p.parse_args(argv)
     if args.name and not args.only:
         p.error("--name needs --only (it names one trace)")
@@ -47,24 +82,20 @@ def main(argv=None) -> int:
         print(f"error: {ctx.head_missing}", file=sys.stderr)
         return 2
     os.makedirs(args.out, exist_ok=True)
+    prompts = dict(EXAMPLES)
+    if args.shipped:
+        for name, category, settings in SHIPPED:
+            if args.only and category != args.only:
+                continue
+            record(ctx, prompts[category], os.path.join(args.out, f"{name}.json"), args.head_label,
+                   **{"method": "dynamic", "max_new_tokens": args.max_new_tokens, **settings})
+        return 0
     for i, (category, prompt) in enumerate(EXAMPLES, 1):
         if args.only and category != args.only:
             continue
-        session = Session()
-        view = list(handlers.generate(ctx, session, prompt=prompt, method=args.method,
-                                      max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                      seed=args.seed, depth=args.depth, top_k=args.top_k,
-                                      total_tokens=args.total_tokens))[-1]
-        dest = os.path.join(args.out, f"{args.name or f'{i}-{category}'}.json")
-        with open(view["trace_file"], encoding="utf-8") as f:
-            data = json.load(f)
-        if args.head_label:
-            data["model"]["head"] = args.head_label
-        with open(dest, "w", encoding="utf-8") as f:
-            f.write(traces.dumps(data))
-        s, v = session.summary, session.race_vanilla.summary
-        print(f"{dest}: {s.new_tokens} tokens, tau {s.mean_accepted:.2f}, {s.tokens_per_s:.1f} tokens/s "
-              f"vs vanilla {v.tokens_per_s:.1f} tokens/s; {view['speedup'].splitlines()[-1]}")
+        record(ctx, prompt, os.path.join(args.out, f"{args.name or f'{i}-{category}'}.json"), args.head_label,
+               method=args.method, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+               seed=args.seed, depth=args.depth, top_k=args.top_k, total_tokens=args.total_tokens)
     return 0
 
 

@@ -21,6 +21,9 @@ from app.engine.config import (SETTING, SETTINGS, SamplingConfig, TreeConfig, ch
 SETTING_NAMES = tuple(s.name for s in SETTINGS)
 # The knobs of the draft tree (the method aside), in that order.
 TREE_KNOBS = tuple(s.name for s in SETTINGS if s.owner == "tree" and s.name != "method")
+# Every setting that applies to some methods only (the tree knobs, then ``adapt``): the page
+# disables its control, with a note, under a method it does nothing for.
+METHOD_KNOBS = tuple(s.name for s in SETTINGS if s.name != "method" and set(s.methods) != set(SETTING["method"].choices))
 # What the explorer can sweep: every tree knob, and the sampling temperature (how acceptance
 # falls as the target's and the draft's distributions flatten).
 SWEEP_KNOBS = TREE_KNOBS + ("temperature",)
@@ -85,6 +88,7 @@ class Request:
     tree: TreeConfig
     sampling: SamplingConfig
     max_new_tokens: int
+    adapt: bool = False          # pick each step's tree while decoding (method dynamic only)
 
     def value(self, name: str):
         """The value of setting ``name`` in this request."""
@@ -111,9 +115,10 @@ def build_request(limits, **raw) -> Request:
     tree = TreeConfig(**{s.name: v[s.name] for s in SETTINGS if s.owner == "tree"})
     sampling = SamplingConfig(**{s.name: v[s.name] for s in SETTINGS if s.owner == "sampling"})
     n = check_max_new_tokens(v["max_new_tokens"], limits.max_new_tokens)
+    adapt = SETTING["adapt"].check(v["adapt"])
     for s in SETTINGS:
         s.check_page_cap(v[s.name])
-    return Request(prompt=prompt, tree=tree, sampling=sampling, max_new_tokens=n)
+    return Request(prompt=prompt, tree=tree, sampling=sampling, max_new_tokens=n, adapt=adapt)
 
 
 class Checked:

@@ -20,6 +20,19 @@ class VanillaRun:
     summary: RunSummary
 
 
+@dataclass(frozen=True)
+class PinnedRun:
+    """A run the visitor pinned as "A", to compare the next run ("B") with: its settings, step
+    records, summary and the tokens/s of the vanilla run raced against it (if any)."""
+
+    run_id: int
+    label: str
+    settings: dict
+    steps: tuple
+    summary: RunSummary
+    vanilla_tokens_per_s: float | None
+
+
 @dataclass
 class Session:
     settings: dict = field(default_factory=dict)     # the settings of the run on screen
@@ -35,6 +48,9 @@ class Session:
     stepper_request: object | None = None             # its validated Request, for the race at the end
     trace_path: str | None = None                     # the last trace written for download
     app_seconds: float | None = None                  # wall time of the EAGLE phase through the handler
+    run_id: int = 0                                   # counts the runs put on screen (live or from a trace)
+    pinned: PinnedRun | None = None                   # A of the A/B comparison: at most one run is kept
+    adapter: object | None = None                     # the adaptive run's TreeAdapter (its switches say why)
     # Stop. Plain flags, not threading primitives: gr.State deep-copies its initial value.
     busy: bool = False                                # a Generate / Step / Explore handler is running
     stop_requested: bool = False                      # Stop was pressed; that handler ends at its next update
@@ -47,7 +63,8 @@ class Session:
         self.close()
         self.settings, self.model, self.source = dict(settings), dict(model), source
         self.steps, self.summary, self.race_vanilla, self.app_seconds = [], None, None, None
-        self.load, self.parting, self.expired = None, None, ""
+        self.load, self.parting, self.adapter, self.expired = None, None, None, ""
+        self.run_id += 1
 
     @contextmanager
     def running(self):

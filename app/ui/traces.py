@@ -33,6 +33,7 @@ MAX_STEPS = 4096
 MAX_TOKEN_ID = 2**31 - 1
 MAX_TEXT = 20_000
 SETTING_KEYS = tuple(s.name for s in SETTINGS)   # a trace's settings: a request's (app.engine.config)
+SETTING_KIND = {s.name: s.kind for s in SETTINGS}
 STEP_KEYS_V1 = {"type", "step", "method", "tree", "accepted", "bonus", "new_tokens", "text",
                 "draft_ms", "verify_ms", "step_ms"}
 STEP_KEYS = STEP_KEYS_V1 | {"rule", "drafter", "tree_config", "prefill"}
@@ -257,6 +258,9 @@ def parse_trace(data: bytes | str, max_bytes: int = 4_000_000) -> Trace:
         elif k == "method":
             if v not in METHODS:
                 _fail("settings.method", f"must be one of {', '.join(METHODS)}")
+        elif SETTING_KIND[k] == "bool":
+            if not isinstance(v, bool):
+                _fail(f"settings.{k}", "must be true or false")
         else:
             _num(f"settings.{k}", v, 0, 2**63)
     model = obj["model"]

@@ -79,9 +79,14 @@ def tokens_per_step_figure(steps: list[StepEvent], height: int = 260) -> go.Figu
     return fig
 
 
-def explorer_figure(knob: str, results: list[dict], height: int = 320) -> go.Figure:
-    """``results``: one dict per value tried, {"value", "mean_accepted", "tokens_per_s"}.
-    The best tokens/s is marked with a star."""
+BEST = "highest"   # explorer_figure's default: star the highest tokens/s
+
+
+def explorer_figure(knob: str, results: list[dict], height: int = 320, best: dict | str | None = BEST) -> go.Figure:
+    """``results``: one dict per value tried, {"value", "mean_accepted", "tokens_per_s"} and,
+    when each value ran several times, "runs" (each run's tokens/s: drawn as a bar from the
+    slowest to the fastest run). ``best``: the result to star (the default stars the highest
+    tokens/s); None stars nothing (the values tie within the measured noise)."""
     fig = _figure(f"threshold explorer: {knob}", height, showlegend=True,
                   xaxis=dict(title=knob), yaxis=dict(title="tokens/s", rangemode="tozero"),
                   yaxis2=dict(title="mean accepted tokens / step", overlaying="y", side="right",
@@ -91,11 +96,20 @@ def explorer_figure(knob: str, results: list[dict], height: int = 320) -> go.Fig
     if not results:
         return fig
     xs = [r["value"] for r in results]
-    fig.add_trace(go.Scatter(x=xs, y=[r["tokens_per_s"] for r in results], mode="lines+markers",
-                             name="tokens/s", line=dict(color=style.DRAFT, width=3)))
+    spread = None
+    if all(len(r.get("runs", ())) > 1 for r in results):
+        spread = dict(type="data", symmetric=False, color=style.DRAFT, thickness=1.5, width=6,
+                      array=[max(r["runs"]) - r["tokens_per_s"] for r in results],
+                      arrayminus=[r["tokens_per_s"] - min(r["runs"]) for r in results])
+    fig.add_trace(go.Scatter(x=xs, y=[r["tokens_per_s"] for r in results], mode="lines+markers", error_y=spread,
+                             name="tokens/s (bar: slowest to fastest run)" if spread else "tokens/s",
+                             line=dict(color=style.DRAFT, width=3)))
     fig.add_trace(go.Scatter(x=xs, y=[r["mean_accepted"] for r in results], mode="lines+markers",
                              name="mean accepted (τ)", yaxis="y2", line=dict(color=style.BONUS, dash="dot")))
-    best = max(results, key=lambda r: r["tokens_per_s"])
+    if best == BEST:
+        best = max(results, key=lambda r: r["tokens_per_s"])
+    if best is None:
+        return fig
     fig.add_trace(go.Scatter(x=[best["value"]], y=[best["tokens_per_s"]], mode="markers", name="best",
                              marker=dict(symbol="star", size=18, color="#f59e0b", line=dict(color="black", width=1))))
     return fig

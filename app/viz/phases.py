@@ -60,24 +60,70 @@ def acceptance_rule(step: StepEvent) -> str:
     return head + "\n" + "".join(f"\n- {line}" for line in lines) + (f"\n- … {more} more" if more > 0 else "")
 
 
-def phase_account(step: StepEvent | None, total_steps: int | None = None) -> str:
+def step_number(steps: list[StepEvent], index: int) -> int:
+    """The number a person reads for ``steps[index]``: decoding steps count from 1, the prefill
+    (record 0 of a run) is "the prefill". A record's own ``step`` field stays 0-based (it is
+    the index of the target forward); with a prefill in front the two agree."""
+    return index if steps and steps[0].prefill else index + 1
+
+
+def decoding_total(steps: list[StepEvent]) -> int:
+    """How many decoding steps ``steps`` holds (the prefill left out)."""
+    return len(steps) - (1 if steps and steps[0].prefill else 0)
+
+
+def tree_shape(config: dict | None) -> str:
+    """A step's tree in the papers' N/d/k notation (total_tokens / depth / top_k)."""
+    if not config or config.get("method") == "vanilla":
+        return "no tree"
+    return f"{config.get('total_tokens')}/{config.get('depth')}/{config.get('top_k')}"
+
+
+# why an adaptive run changed its tree (``TreeAdapter.switches``), in words
+SWITCH_REASONS = {
+    "first try": "the run tries every candidate tree once, to measure it",
+    "highest measured tokens/s": "the run measured it faster",
+    "refresh a neighbour's estimate": "now and then the run re-measures a neighbouring tree",
+}
+
+
+def tree_change(step: StepEvent, previous: StepEvent | None, why: str | None = None) -> str:
+    """A line for the step account when this step's tree differs from the previous step's
+    (an adaptive run, ``app.engine.adapt``), else "". ``why``: the adapter's reason, if known."""
+    if previous is None or previous.prefill or step.prefill:
+        return ""
+    now, before = step.tree_config, previous.tree_config
+    if not now or not before or tree_shape(now) == tree_shape(before):
+        return ""
+    reason = SWITCH_REASONS.get(why, "an adaptive run picks the tree with the best tokens/s measured so far")
+    return f"**Tree changed: {tree_shape(now)}, was {tree_shape(before)}** — {reason}."
+
+
+def phase_account(step: StepEvent | None, total_steps: int | None = None, number: int | None = None,
+                  previous: StepEvent | None = None, why: str | None = None) -> str:
     """Markdown: what the draft head proposed, what the one target forward checked, and what
     was kept, and why (``acceptance_rule`` under the rule the step records).
-    Token texts are escaped (they may come from a stranger's trace)."""
+
+    ``number``: the step's number as a person reads it (``step_number``; by default its
+    record index), ``total_steps``: the run's decoding steps (``decoding_total``). The
+    prefill is called the prefill. ``previous``: the step before, to say when an adaptive run
+    changed its tree (``tree_change``). Token texts are escaped (they may come from a
+    stranger's trace)."""
     if step is None:
         return "_No step to show yet: generate, or load a trace._"
+    number = step.step if number is None else number
     of = f" of {total_steps}" if total_steps else ""
     _, bonus = split_step_text(step)
     bonus_part = (f" + the target's bonus token **`{show_token(bonus, escape=False)}`**"
                   if len(step.new_tokens) > len(step.accepted) else " (the answer ended here, no bonus token)")
     if step.prefill:
-        return (f"**Step {step.step}{of}** — the prefill.\n\n"
+        return (f"**Prefill** (step 0, before the {total_steps or ''} decoding steps) — the prompt is read.\n\n"
                 f"1. **Read the prompt**: one target forward over every prompt token fills the KV cache "
                 f"({step.verify_ms:.1f} ms).\n"
                 f"2. **First token**: its last row gives the answer's first token "
-                f"**`{show_token(step.text, escape=False)}`**; from the next step on, the head drafts from it.")
+                f"**`{show_token(step.text, escape=False)}`**; from step 1 on, the head drafts from it.")
     if step.tree is None or not len(step.tree):
-        return (f"**Step {step.step}{of}** — no draft tree.\n\n"
+        return (f"**Step {number}{of}** — no draft tree.\n\n"
                 f"1. **Draft**: nothing drafted ({'vanilla decoding' if step.method == 'vanilla' else 'no draft this step'}).\n"
                 f"2. **Verify**: one target forward over 1 token ({step.verify_ms:.1f} ms).\n"
                 f"3. **Accept**: the target's own next token **`{show_token(step.text, escape=False)}`**.")
@@ -87,7 +133,9 @@ def phase_account(step: StepEvent | None, total_steps: int | None = None) -> str
     tokens = ", ".join(f"`{show_token(tree.texts[i], escape=False)}`" for i in accepted_ids) or "none"
     rejected = tree.status.count("rejected")
     unreached = tree.status.count("unreached")
-    return (f"**Step {step.step}{of}** ({step.method})\n\n"
+    change = tree_change(step, previous, why)
+    shape = f", tree {tree_shape(step.tree_config)}" if step.tree_config else ""
+    return (f"**Step {number}{of}** ({step.method}{shape})\n\n" + (f"{change}\n\n" if change else "") +
             f"1. **Draft**: the head proposed **{len(tree)} nodes in {levels} level{'s' if levels != 1 else ''}** "
             f"({levels} small head forwards, {step.draft_ms:.1f} ms).\n"
             f"2. **Verify**: **one target forward over {len(tree) + 1} tokens** — the root plus every node, "
@@ -96,4 +144,4 @@ def phase_account(step: StepEvent | None, total_steps: int | None = None) -> str
             f"({tokens}){bonus_part}. {rejected} node{'s' if rejected != 1 else ''} rejected, "
             f"{unreached} never reached.\n\n"
             f"Net: **{len(step.new_tokens)} token{'s' if len(step.new_tokens) != 1 else ''} for one target forward**."
-            + (f"\n\n{why}" if (why := acceptance_rule(step)) else ""))
+            + (f"\n\n{why_text}" if (why_text := acceptance_rule(step)) else ""))

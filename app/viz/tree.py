@@ -336,13 +336,15 @@ def tree_axes(lay: TreeLayout, height: int) -> tuple[dict, dict]:
 
 
 def tree_figure(step: StepEvent | None, title: str | None = None, bonus_text: str | None = None,
-                height: int | None = None, fold: bool | None = None, max_siblings: int = MAX_SIBLINGS) -> go.Figure:
+                height: int | None = None, fold: bool | None = None, max_siblings: int = MAX_SIBLINGS,
+                number: int | None = None) -> go.Figure:
     """The figure for one step's draft tree (an empty, captioned figure when there is none).
 
     ``bonus_text`` labels the bonus node; by default it is the step text after the accepted
     draft tokens (see ``stream.split_step_text``), so no tokenizer is needed. ``height``:
     None fits the rows (``ROW_PX`` each); a smaller value is raised to that. ``fold``: None
-    folds trees of more than ``FOLD_ABOVE`` nodes, True / False force it.
+    folds trees of more than ``FOLD_ABOVE`` nodes, True / False force it. ``number``: the
+    step's number in the title as the page counts it (default: the record's ``step``).
     """
     if step is None or step.tree is None or not len(step.tree):
         return _empty_figure(step, title, height)
@@ -353,9 +355,9 @@ def tree_figure(step: StepEvent | None, title: str | None = None, bonus_text: st
     n, k = len(step.tree), len(step.accepted)
     shown = sum(isinstance(r, int) for r in lay.rows)
     if title is None:
-        title = (f"step {step.step}: {n} draft nodes, {k} accepted"
+        title = (f"step {step.step if number is None else number}: {n} draft nodes, {k} accepted"
                  f"{' + bonus' if BONUS_ID in lay.rows else ''}"
-                 f"{f' (showing {shown}; grey +N nodes count the rest)' if shown < n else ''}")
+                 f"{f'<br><sup>showing {shown} of {n}: grey +N nodes count the rest</sup>' if shown < n else ''}")
     layout = dict(style.BASE_LAYOUT, height=height, uirevision="tree", showlegend=False, hovermode="closest",
                   margin=dict(MARGIN, r=int(widest) + 24 + COLORBAR_PX),
                   title=dict(text=title, x=0.01, y=0.98, yanchor="top"), xaxis=xaxis, yaxis=yaxis)

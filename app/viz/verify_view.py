@@ -105,7 +105,7 @@ def _cell_reason(tree: DraftTreeRecord, row: int, col: int, kind: int) -> str:
 
 
 def mask_figure(step: StepEvent | None, max_nodes: int | None = MAX_NODES, prefix_len: int | None = None,
-                title: str | None = None) -> go.Figure:
+                title: str | None = None, number: int | None = None) -> go.Figure:
     """The verify forward's tree attention mask for one step, as a heatmap: rows are the query
     tokens [root, nodes], columns the keys [context tail, root, nodes]; the accepted path's
     rows come first and are outlined in green; labels carry tokens and position ids."""
@@ -157,7 +157,7 @@ def mask_figure(step: StepEvent | None, max_nodes: int | None = MAX_NODES, prefi
     height = 150 + CELL_PX * n_rows
     layout = dict(style.BASE_LAYOUT, height=height, uirevision="mask", showlegend=False, shapes=shapes,
                   margin=dict(l=150, r=20, t=130, b=40),
-                  title=dict(text=title or f"step {step.step}: tree attention mask, one forward over "
+                  title=dict(text=title or f"step {step.step if number is None else number}: tree attention mask, one forward over "
                              f"{len(tree) + 1} tokens{shown}", x=0.01, y=0.99, yanchor="top"),
                   xaxis=dict(side="top", tickvals=list(range(n_cols)), ticktext=col_labels, tickangle=-90,
                              tickfont=dict(size=10, family="monospace"), showgrid=False, zeroline=False,
@@ -226,7 +226,7 @@ def _slot_runs(n: int, kept: set[int], max_slots: int) -> list[tuple[int, int]]:
 
 
 def kv_figure(step: StepEvent | None, prefix_len: int | None = None, max_slots: int = MAX_SLOTS,
-              title: str | None = None) -> go.Figure:
+              title: str | None = None, number: int | None = None) -> go.Figure:
     """The target KV cache at the start of the step, after the verify forward, and after
     acceptance: the root and the accepted path kept (green, moved to contiguous slots by
     the arrows), every other node's slot dropped (red)."""
@@ -320,7 +320,7 @@ def kv_figure(step: StepEvent | None, prefix_len: int | None = None, max_slots: 
              f"after accept<br>length {_pos(1 + k, P)}: root + {k} kept"]
     layout = dict(style.BASE_LAYOUT, height=360, uirevision="kv", showlegend=False, annotations=annotations,
                   margin=dict(l=190, r=20, t=44, b=20), hovermode="closest",
-                  title=dict(text=title or f"step {step.step}: target KV cache, {1 + n} slots written, "
+                  title=dict(text=title or f"step {step.step if number is None else number}: target KV cache, {1 + n} slots written, "
                              f"{1 + k} kept", x=0.01),
                   xaxis=dict(visible=False, range=[-0.7, max(x_end, 12)], fixedrange=True),
                   yaxis=dict(tickvals=list(rows.values()), ticktext=ticks,

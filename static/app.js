@@ -1,0 +1,140 @@
+() => {
+  /* EAGLE Lens page script (Gradio runs this function once the page has loaded):
+     1. the guided tour: a card that points at one view after another, Next / Skip, shown on
+        a first visit only (remembered in localStorage);
+     2. hovering a node of the draft tree lights its row and column in the attention mask;
+     3. in-page links: "#tree-size" opens the tab "Tree size for this machine", "#tour" starts
+        the tour.
+     The tour's steps come from app/ui/explain.py (TOUR_STEPS), filled in by app/ui/blocks.py. */
+  const TOUR_STEPS = __TOUR_STEPS__;
+  const TOUR_KEY = "eagle-lens-tour-done";
+
+  const openTab = (label) => {
+    if (!label) return;
+    const button = [...document.querySelectorAll("button[role=tab]")]
+      .find((b) => b.textContent.trim() === label);
+    if (button && button.getAttribute("aria-selected") !== "true") button.click();
+  };
+
+  // --- 1. the guided tour ------------------------------------------------------------------
+  let tourIndex = -1;
+  let card = null;
+  const unmark = () => document.querySelectorAll(".lens-tour-target")
+    .forEach((el) => el.classList.remove("lens-tour-target"));
+
+  const endTour = () => {
+    localStorage.setItem(TOUR_KEY, "1");
+    unmark();
+    if (card) card.remove();
+    card = null;
+    tourIndex = -1;
+  };
+
+  const showStep = (i) => {
+    tourIndex = i;
+    const [selector, tab, title, text] = TOUR_STEPS[i];
+    openTab(tab);
+    unmark();
+    if (!card) {
+      card = document.createElement("div");
+      card.id = "lens-tour";
+      card.setAttribute("role", "dialog");
+      card.innerHTML = '<div class="lens-tour-title"></div><div class="lens-tour-text"></div>' +
+        '<div class="lens-tour-buttons"><span class="lens-tour-count"></span>' +
+        '<button type="button" class="lens-tour-skip">Skip</button>' +
+        '<button type="button" class="lens-tour-next">Next</button></div>';
+      card.querySelector(".lens-tour-skip").addEventListener("click", endTour);
+      card.querySelector(".lens-tour-next").addEventListener("click", () =>
+        tourIndex + 1 < TOUR_STEPS.length ? showStep(tourIndex + 1) : endTour());
+      document.body.appendChild(card);
+    }
+    card.querySelector(".lens-tour-title").textContent = title;
+    card.querySelector(".lens-tour-text").textContent = text;
+    card.querySelector(".lens-tour-count").textContent = `${i + 1} / ${TOUR_STEPS.length}`;
+    card.querySelector(".lens-tour-next").textContent = i + 1 < TOUR_STEPS.length ? "Next" : "Done";
+    setTimeout(() => {   // after the tab switch has rendered its content
+      const target = document.querySelector(selector);
+      if (target) {
+        target.classList.add("lens-tour-target");
+        target.scrollIntoView({ block: "nearest", behavior: "smooth" });
+      }
+    }, 60);
+  };
+
+  const startTour = () => showStep(0);
+  if (!localStorage.getItem(TOUR_KEY)) {
+    // wait until the page's first demo has drawn its tree, then start
+    const wait = setInterval(() => {
+      if (document.querySelector("#tree-plot .js-plotly-plot")) {
+        clearInterval(wait);
+        if (!localStorage.getItem(TOUR_KEY) && tourIndex < 0) startTour();
+      }
+    }, 300);
+    setTimeout(() => clearInterval(wait), 30000);
+  }
+
+  // --- 3. in-page links --------------------------------------------------------------------
+  document.addEventListener("click", (event) => {
+    const link = event.target.closest && event.target.closest("a[href]");
+    if (!link) return;
+    const href = link.getAttribute("href");
+    if (href === "#tree-size") {
+      event.preventDefault();
+      openTab("Tree size for this machine");
+      const tab = document.querySelector("#tree-size-tab");
+      if (tab) setTimeout(() => tab.scrollIntoView({ block: "start", behavior: "smooth" }), 60);
+    } else if (href === "#tour") {
+      event.preventDefault();
+      startTour();
+    }
+  });
+
+  // --- 2. tree node -> its row and column in the attention mask ----------------------------
+  const maskGraph = () => document.querySelector("#mask-plot .js-plotly-plot");
+
+  const clearMask = () => {
+    const gd = maskGraph();
+    if (gd) gd.querySelectorAll(".lens-mask-band").forEach((el) => el.remove());
+  };
+
+  const band = (gd, left, top, width, height) => {
+    const div = document.createElement("div");
+    div.className = "lens-mask-band";
+    Object.assign(div.style, { left: `${left}px`, top: `${top}px`, width: `${width}px`, height: `${height}px` });
+    gd.appendChild(div);
+  };
+
+  const lightMask = (node) => {
+    clearMask();
+    const gd = maskGraph();
+    if (!gd || !gd.data || !gd.data.length || !gd._fullLayout) return;
+    const meta = gd.data[0].meta || {};
+    const rows = meta.rows || [];
+    const columns = meta.columns || [];
+    const r = rows.indexOf(node);
+    const c = columns.indexOf(node);
+    const xa = gd._fullLayout.xaxis;
+    const ya = gd._fullLayout.yaxis;
+    if (!xa || !ya || (r < 0 && c < 0)) return;
+    if (getComputedStyle(gd).position === "static") gd.style.position = "relative";
+    const y0 = (i) => ya._offset + Math.min(ya.l2p(i - 0.5), ya.l2p(i + 0.5));
+    const x0 = (i) => xa._offset + Math.min(xa.l2p(i - 0.5), xa.l2p(i + 0.5));
+    const rowPx = Math.abs(ya.l2p(1) - ya.l2p(0));
+    const colPx = Math.abs(xa.l2p(1) - xa.l2p(0));
+    if (r >= 0) band(gd, xa._offset, y0(r), xa._length, rowPx);
+    if (c >= 0) band(gd, x0(c), ya._offset, colPx, ya._length);
+  };
+
+  const hook = () => {
+    const gd = document.querySelector("#tree-plot .js-plotly-plot");
+    // hooked once per plotly event hub: a re-plot that purged the div gets a new hub (gd._ev)
+    if (!gd || typeof gd.on !== "function" || (gd.__lensHooked && gd.__lensHooked === gd._ev)) return;
+    gd.__lensHooked = gd._ev || true;
+    gd.on("plotly_hover", (event) => {
+      const point = event && event.points && event.points[0];
+      if (point && point.data && point.data.name === "nodes") lightMask(point.customdata);
+    });
+    gd.on("plotly_unhover", clearMask);
+  };
+  setInterval(hook, 500);
+}
