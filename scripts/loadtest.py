@@ -245,6 +245,7 @@ def burst(url: str, n: int = 40, busy_tokens: int = 200, settings: dict | None =
     import httpx
     from gradio_client import Client
 
+    from app.engine.config import SETTING
     from app.ui.requests import SETTING_NAMES
 
     check_loopback(url)
@@ -256,7 +257,7 @@ def burst(url: str, n: int = 40, busy_tokens: int = 200, settings: dict | None =
     settings = settings or dict(prompt=PROMPTS[0], method="vanilla", max_new_tokens=2, temperature=0.0, top_p=1.0,
                                 seed=0, depth=3, top_k=4, total_tokens=8, tau_high=0.5, tau_low=0.05,
                                 min_confidence=0.0)
-    data = [settings[k] for k in SETTING_NAMES] + [False, None]       # + step mode, + the visitor's state
+    data = [settings.get(k, SETTING[k].default) for k in SETTING_NAMES] + [False, True, None]   # + step mode, race, state
     generate = endpoint_ids(url)["generate"]
     barrier = threading.Barrier(n)
     codes: list[int] = []

@@ -54,9 +54,9 @@ def test_generate_is_a_named_api(client):
 
 
 def test_streamed_generation_ends_with_a_speedup(client):
-    # 60 tokens: long enough that the tiny model's run outlasts the first update interval (at
-    # 24 tokens it can finish while the page's first view, with every panel, is being sent)
-    job = client.submit(prompt=PROMPTS[0], method="dynamic", max_new_tokens=60, temperature=0.0, **FAST,
+    # 120 tokens: long enough that the tiny model's run outlasts the first update (at 24 tokens
+    # it can finish while the page's first view, with every panel, is being sent)
+    job = client.submit(prompt=PROMPTS[0], method="dynamic", max_new_tokens=120, temperature=0.0, **FAST,
                         api_name="/generate")
     final = job.result(timeout=300)
     assert len(job.outputs()) >= 3

@@ -482,7 +482,7 @@ def generate(ctx: AppContext, session: Session, step_mode: bool = False, race: b
             yield first_view()   # drawn meanwhile
             for batch in run.batches(ctx.update_interval):
                 if session.stop_requested:
-                    return      # before taking the batch: a stopped run or race is never recorded as finished
+                    return      # before taking the batch: what ran after Stop is never recorded as finished
                 for side, ev in batch:
                     if side == VANILLA:
                         if ev.type == "summary":
@@ -494,8 +494,6 @@ def generate(ctx: AppContext, session: Session, step_mode: bool = False, race: b
                         session.app_seconds = time.perf_counter() - t0
                     else:
                         session.steps.append(ev)
-                if session.stop_requested:
-                    return
                 if batch and (session.summary is None or (racing and session.race_vanilla is None)):
                     status = (f"decoding with {request.tree.method}"
                               + (f", vanilla racing alongside ({sum(len(s.new_tokens) for s in vanilla_steps)} tokens)"
