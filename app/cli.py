@@ -36,7 +36,7 @@ def auto_tree(engine, base: TreeConfig, say):
     from app.engine.autotune import cost_curve_text
 
     start, adapter, choice = adapter_for(engine, base, measure=False)
-    trees = ", ".join(f"{t.total_tokens}/{t.depth}/{t.top_k}" for t in adapter.candidates)
+    trees = ", ".join(adapter._key(t) for t in adapter.candidates)
     if choice is None:
         say(f"adaptive tree over {trees} (total/depth/top_k), starting at {start.total_tokens}/{start.depth}/1; "
             "no kept profile of this machine yet: `python -m app tune` measures it once")

@@ -20,12 +20,17 @@ def simulate(adapter: TreeAdapter, steps: int, cost_ms, accepted_of, start=None)
     used = []
     for i in range(steps):
         tree = adapter.next_tree()
-        k = min(accepted_of(tree, i), tree.depth)
+        k = min(accepted_of(tree, i), tree.depth) if tree.uses_draft else 0
         event = StepEvent(step=i + 1, method="dynamic", tree=None, accepted=[7] * k, bonus=8,
-                          new_tokens=[7] * k + [8], text="", tree_config=tree.shape(), step_ms=cost_ms(tree, i))
+                          new_tokens=[7] * k + [8], text="", tree_config=tree.shape() if tree.uses_draft else None,
+                          step_ms=cost_ms(tree, i))
         adapter.observe(event)
-        used.append(f"{tree.total_tokens}/{tree.depth}/{tree.top_k}")
+        used.append(adapter._key(tree))
     return used
+
+
+def nodes(tree) -> int:
+    return tree.total_tokens if tree.uses_draft else 0
 
 
 def always(k):
@@ -34,29 +39,34 @@ def always(k):
 
 def test_cheap_trees_go_deep_and_expensive_trees_stay_short():
     # the head's drafts are accepted 3 deep every time; only the cost of a level differs
-    flat = simulate(TreeAdapter(default_candidates()), 60, lambda t, i: 20 + 1 * t.total_tokens, always(3))
-    steep = simulate(TreeAdapter(default_candidates()), 60, lambda t, i: 20 + 40 * t.total_tokens, always(3))
+    flat = simulate(TreeAdapter(default_candidates()), 60, lambda t, i: 20 + 1 * nodes(t), always(3))
+    steep = simulate(TreeAdapter(default_candidates()), 60, lambda t, i: 20 + 40 * nodes(t), always(3))
     assert max(set(flat[20:]), key=flat[20:].count) == "3/3/1"      # depth 4 would not add a token
-    assert max(set(steep[20:]), key=steep[20:].count) == "1/1/1"
+    assert max(set(steep[20:]), key=steep[20:].count) == "vanilla"   # 60 ms for 2 tokens loses to 20 ms for 1
+    mid = simulate(TreeAdapter(default_candidates()), 60, lambda t, i: 20 + 12 * nodes(t), always(1))
+    assert max(set(mid[20:]), key=mid[20:].count) == "1/1/1"          # 32 ms for 2 tokens: the one-node chain
+    # where no draft is ever accepted, every tree only costs: the run falls back to plain decoding
+    idle = simulate(TreeAdapter(default_candidates()), 60, lambda t, i: 20 + 40 * nodes(t), always(0))
+    assert idle[20:].count("vanilla") > 30
 
 
 def test_a_change_of_load_moves_the_tree():
     """Halfway through, big trees become expensive (a neighbour takes the cores and multi-token
     forwards suffer most): the adapter leaves the deep chain for a short one."""
     def cost(t, i):
-        return 20 + (1 if i < 60 else 60) * t.total_tokens
+        return 20 + (1 if i < 60 else 60) * nodes(t)
     used = simulate(TreeAdapter(default_candidates(), explore_every=6), 140, cost, always(3))
     before, after = used[30:60], used[100:]
     assert before.count("3/3/1") > 20
-    assert after.count("1/1/1") > 25
+    assert after.count("1/1/1") + after.count("vanilla") > 25
 
 
 def test_a_change_of_text_moves_the_tree():
     """Code then prose: acceptance falls from 3 deep to none; the deep chain stops paying."""
     accepted = lambda t, i: 3 if i < 60 else 0                     # noqa: E731
-    used = simulate(TreeAdapter(default_candidates(), explore_every=6), 140, lambda t, i: 20 + 8 * t.total_tokens, accepted)
+    used = simulate(TreeAdapter(default_candidates(), explore_every=6), 140, lambda t, i: 20 + 8 * nodes(t), accepted)
     assert used[30:60].count("3/3/1") > 20
-    assert used[100:].count("1/1/1") > 25
+    assert used[100:].count("vanilla") > 25          # no draft accepted any more: plain decoding wins
 
 
 def test_a_chain_step_teaches_every_shorter_chain():
@@ -77,13 +87,13 @@ def test_every_candidate_is_tried_and_the_prefill_is_ignored():
     adapter.observe(StepEvent(step=0, method="dynamic", tree=None, accepted=[], bonus=1, new_tokens=[1], text="",
                               prefill=True, step_ms=500.0))
     assert adapter.steps == 0 and all(a.ms is None for a in adapter.arms)
-    used = simulate(adapter, 4, lambda t, i: 10.0, always(0), start=chain(2))
-    assert sorted(used) == ["1/1/1", "2/2/1", "3/3/1", "4/4/1"] and used[0] == "2/2/1"
+    used = simulate(adapter, 5, lambda t, i: 10.0, always(0), start=chain(2))
+    assert sorted(used) == ["1/1/1", "2/2/1", "3/3/1", "4/4/1", "vanilla"] and used[0] == "2/2/1"
     with pytest.raises(ValueError, match="candidates"):
         TreeAdapter([])
 
 
-POLICIES = [chain(1), chain(3), TreeConfig(method="dynamic", depth=3, top_k=4, total_tokens=12),
+POLICIES = [TreeConfig(method="vanilla"), chain(1), chain(3), TreeConfig(method="dynamic", depth=3, top_k=4, total_tokens=12),
             TreeConfig(method="static"), TreeConfig(method="threshold", tau_high=0.6, tau_low=0.1, depth=4),
             TreeConfig(method="chain", depth=2, top_k=1, total_tokens=2)]
 
@@ -97,9 +107,11 @@ def test_greedy_output_is_vanilla_whatever_the_adapter_picks(tiny):
         adapter = TreeAdapter(POLICIES, explore_every=1)
         *steps, summary = engine.generate(prompt_ids=prompt, tree=chain(1), max_new_tokens=40, adapt=adapter)
         assert summary.token_ids == vanilla.token_ids
-        used = {s.tree_config["method"] + str(s.tree_config["total_tokens"]) for s in steps[1:]}
+        used = {(s.tree_config or {"method": "vanilla"})["method"] + str((s.tree_config or {}).get("total_tokens", ""))
+                for s in steps[1:]}
         assert len(used) >= 4, used                          # it really moved between policies
-        assert all(s.tree_config is not None and s.drafter == "eagle2" for s in steps[1:])
+        assert all((s.tree_config is None) == (s.drafter is None) for s in steps[1:])
+        assert any(s.tree_config is None for s in steps[1:]) and any(s.drafter == "eagle2" for s in steps[1:])
 
 
 def test_sampled_output_is_exact_under_adaptation(tiny):
@@ -133,3 +145,25 @@ def test_sampled_output_is_exact_under_adaptation(tiny):
     tv = 0.5 * sum(abs(counts.get(k, 0) / n - v) for k, v in exact.items())
     assert rules == {"sampled_chain", "sampled_tree"}
     assert tv < 0.09, tv
+
+
+def test_a_step_without_a_draft_keeps_the_heads_pairs_in_order(tiny):
+    """A vanilla step inside a drafting run must not drop the pairs the head has not read: the
+    head's cache plus its pending pairs always cover x[0 .. m-2], and the features queued are
+    the target's own at those positions."""
+    from app.engine import kv
+
+    target, head = tiny
+    engine = Engine(target, head)
+    vanilla, tree = TreeConfig(method="vanilla"), chain(2)
+    run, first = engine._prefill([5, 17, 33, 90, 4], tree, SamplingConfig(), 64, tree)
+    generated = list(first.new_tokens)
+    for i, cfg in enumerate([vanilla, vanilla, tree, vanilla, tree, tree, vanilla, tree, vanilla, vanilla], start=1):
+        ev = engine._step(run, cfg, SamplingConfig(), i, 64, generated)
+        generated += ev.new_tokens
+        assert kv.cache_length(run.draft_cache) + len(run.pending_tokens) == len(run.tokens) - 1, i
+    with torch.no_grad():
+        full = target.model.model(input_ids=torch.tensor([run.tokens[:-1]])).last_hidden_state     # (1, m-1, H)
+    n = len(run.pending_tokens)
+    assert run.pending_tokens == run.tokens[-n:]
+    assert torch.allclose(run.pending_features[0], full[0, -n:], atol=1e-4)

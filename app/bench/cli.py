@@ -163,7 +163,7 @@ def run_benchmark(engine, args, suites, specs, sampling) -> int:
             start, adapter, choice = adapter_for(engine, spec.tree, measure=True)
             specs[i] = replace(spec, tree=start, candidates=tuple(adapter.candidates), prior_tau=adapter.prior_tau)
             print(f"[bench] {spec.label}: adapts over "
-                  + ", ".join(f"{t.total_tokens}/{t.depth}/{t.top_k}" for t in adapter.candidates), file=sys.stderr)
+                  + ", ".join(adapter._key(t) for t in adapter.candidates), file=sys.stderr)
         if spec.auto:
             from dataclasses import replace
 

@@ -35,13 +35,17 @@ def chain(depth: int, base: TreeConfig = TreeConfig()) -> TreeConfig:
     return replace(base, method="dynamic", depth=depth, top_k=1, total_tokens=depth)
 
 
+VANILLA = TreeConfig(method="vanilla")
+
+
 def default_candidates(best: TreeConfig | None = None, max_chain: int = 4) -> list[TreeConfig]:
-    """Chains of depth 1..``max_chain`` and, if it is not one of them, the tree ``best`` (e.g.
-    the one tuned for this machine), smallest first."""
-    out = [chain(d) for d in range(1, max_chain + 1)]
+    """Plain decoding (no draft: where no tree pays, e.g. a CPU with no spare compute, the run
+    can still fall back to it), chains of depth 1..``max_chain`` and, if it is not one of
+    them, the tree ``best`` (e.g. the one tuned for this machine), smallest first."""
+    out = [VANILLA] + [chain(d) for d in range(1, max_chain + 1)]
     if best is not None and best.method == "dynamic" and not any(_same(best, c) for c in out):
         out.append(replace(best, min_confidence=0.0))
-    return sorted(out, key=lambda t: (t.total_tokens, t.depth, t.top_k))
+    return sorted(out, key=lambda t: (t.uses_draft, t.total_tokens, t.depth, t.top_k))
 
 
 def _same(a: TreeConfig, b: TreeConfig) -> bool:
@@ -92,13 +96,15 @@ class TreeAdapter:
     def largest(self, base: TreeConfig) -> TreeConfig:
         """A tree at least as deep and as large as every candidate (for the engine's capacity
         checks and KV buffers)."""
-        return replace(base, method="dynamic", depth=max(t.depth for t in self.candidates),
-                       total_tokens=max(t.total_tokens for t in self.candidates))
+        trees = [t for t in self.candidates if t.uses_draft] or [chain(1)]
+        return replace(base, method="dynamic", depth=max(t.depth for t in trees),
+                       total_tokens=max(t.total_tokens for t in trees))
 
     def start(self, tree: TreeConfig | None = None) -> None:
         """Reset for a new run; start at ``tree`` if it is a candidate, else the smallest."""
         prior = self.prior_tau or {}
-        self.arms = [_Arm(t, tau=prior.get(self._key(t), 1.0 + sum(0.7 ** d for d in range(1, t.depth + 1))))
+        self.arms = [_Arm(t, tau=1.0 if not t.uses_draft else
+                          prior.get(self._key(t), 1.0 + sum(0.7 ** d for d in range(1, t.depth + 1))))
                      for t in self.candidates]
         self.current = next((i for i, a in enumerate(self.arms) if tree is not None and _same(a.tree, tree)), 0)
         self.steps, self._flip, self.switches = 0, False, []
@@ -128,10 +134,10 @@ class TreeAdapter:
 
     def observe(self, event) -> None:
         """Learn from one step record (its ``tree_config``, ``accepted``, ``step_ms``)."""
-        if event.prefill or event.tree_config is None:
+        if event.prefill:
             return
         self.steps += 1
-        arm = self._arm_of(event.tree_config)
+        arm = self._arm_of(event.tree_config or VANILLA.shape())     # a step without a draft: the vanilla arm
         if arm is None:
             return
         k = len(event.accepted)
@@ -139,7 +145,7 @@ class TreeAdapter:
         a = self.arms[arm]
         a.ms = event.step_ms if a.ms is None else (1 - self.decay) * a.ms + self.decay * event.step_ms
         a.runs += 1
-        if done:
+        if done or not a.tree.uses_draft:
             return
         if _is_chain(a.tree):      # a chain of depth D tells every shorter chain: min(k, d)
             for other in self.arms:
@@ -173,7 +179,8 @@ class TreeAdapter:
 
     @staticmethod
     def _key(t: TreeConfig) -> str:
-        return f"{t.total_tokens}/{t.depth}/{t.top_k}"
+        """"total/depth/top_k" of a tree (the papers' N/d/k), "vanilla" for no draft."""
+        return f"{t.total_tokens}/{t.depth}/{t.top_k}" if t.uses_draft else "vanilla"
 
     def summary(self) -> list[dict]:
         """Per candidate: its tree, runs, tau and ms estimates (for the page and the CLI)."""

@@ -473,8 +473,11 @@ class Engine:
         keep = [0] + [i + 1 for i in path]                 # verify rows: the root, then the path
         kv.keep_positions(run.target_cache, verified.prefix, keep)
         if run.draft_cache is not None:
-            run.pending_features = verified.draft_features[:, keep]   # (1, k+1, H or 3H) true features
-            run.pending_tokens = accepted + [bonus]
+            features = verified.draft_features[:, keep]                  # (1, k+1, H or 3H) true features
+            if run.pending_tokens:     # a step that drafted nothing (an adaptive run's vanilla step) left
+                features = torch.cat([run.pending_features, features], dim=1)   # its pairs unread: keep them
+            run.pending_features = features
+            run.pending_tokens = run.pending_tokens + accepted + [bonus]
         new_tokens = (accepted + [bonus])[:budget]
         for j, t in enumerate(new_tokens):
             if t in self.eos_ids:
