@@ -34,6 +34,8 @@ from pathlib import Path
 import torch
 from torch import nn
 from transformers import LlamaConfig
+
+from app.engine.draft_head import DraftHead
 from transformers.models.llama.modeling_llama import (LlamaAttention, LlamaMLP, LlamaRMSNorm,
                                                       LlamaRotaryEmbedding)
 
@@ -128,10 +130,7 @@ class Eagle3Head(nn.Module):
 
     # --- forward ----------------------------------------------------------------------------
 
-    def embed(self, token_ids: torch.Tensor, target_embedding: nn.Module) -> torch.Tensor:
-        """Token embeddings: the head's own if the checkpoint has them, else the target's."""
-        table = self.embed_tokens if self.embed_tokens is not None else target_embedding
-        return table(token_ids)
+    embed = DraftHead.embed   # token embeddings: the head's own if the checkpoint has them, else the target's
 
     def forward(
         self,

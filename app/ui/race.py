@@ -19,6 +19,25 @@ def _tokens(event) -> int:
     return len(event.new_tokens) if getattr(event, "type", None) == "step" else 0
 
 
+class _Stream:
+    """One run's records, consumed a stretch at a time, counting its tokens."""
+
+    def __init__(self, side: str, events: Iterator | None):
+        self.side, self.events, self.tokens, self.done = side, events, 0, events is None
+
+    def advance(self, enough) -> Iterator[tuple[str, object]]:
+        """(side, record) until ``enough(self)`` or the run's end (its summary)."""
+        while not self.done and not enough(self):
+            event = next(self.events, None)
+            if event is None:
+                self.done = True
+                return
+            self.tokens += _tokens(event)
+            yield self.side, event
+            if getattr(event, "type", None) == "summary":
+                self.done = True
+
+
 def interleave(eagle: Iterator, vanilla: Iterator | None, chunk_tokens: int = 16) -> Iterator[tuple[str, object]]:
     """(side, record) from the two runs' record streams, alternating in chunks: the EAGLE run
     advances until it has ``chunk_tokens`` more tokens, then the vanilla run until it has as
@@ -26,30 +45,13 @@ def interleave(eagle: Iterator, vanilla: Iterator | None, chunk_tokens: int = 16
     ``vanilla`` None: the EAGLE run alone. Closing this generator closes both runs."""
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be at least 1, got {chunk_tokens}")
-    n_eagle = n_vanilla = 0
-    eagle_done, vanilla_done = False, vanilla is None
+    e, v = _Stream(EAGLE, eagle), _Stream(VANILLA, vanilla)
     goal = chunk_tokens
     try:
-        while not eagle_done:
-            while not eagle_done and n_eagle < goal:
-                event = next(eagle, None)
-                if event is None:
-                    eagle_done = True
-                    break
-                n_eagle += _tokens(event)
-                yield EAGLE, event
-                if getattr(event, "type", None) == "summary":
-                    eagle_done = True
-            while not vanilla_done and (n_vanilla < n_eagle or eagle_done):
-                event = next(vanilla, None)
-                if event is None:
-                    vanilla_done = True
-                    break
-                n_vanilla += _tokens(event)
-                yield VANILLA, event
-                if getattr(event, "type", None) == "summary":
-                    vanilla_done = True
-            goal = n_eagle + chunk_tokens
+        while not e.done:
+            yield from e.advance(lambda s: s.tokens >= goal)
+            yield from v.advance(lambda s: s.tokens >= e.tokens and not e.done)   # catch up; all of it at the end
+            goal = e.tokens + chunk_tokens
     finally:
         for stream in (eagle, vanilla):
             if stream is not None and hasattr(stream, "close"):
