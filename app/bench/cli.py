@@ -153,6 +153,12 @@ def run_benchmark(engine, args, suites, specs, sampling) -> int:
     out.mkdir(parents=True, exist_ok=True)
     prompts = [p for s in suites for p in load_suite(s, args.limit or None)]
 
+    from app.engine.threads import engine_probe
+
+    probe = engine_probe(engine)
+    governor = args.governor
+    thread_counts = []
+    governor.apply(probe)       # the auto trees are sized (and their profile looked up) at the runs' thread count
     auto_text, auto_report = None, None
     for i, spec in enumerate(specs):
         if spec.adaptive:
@@ -188,11 +194,6 @@ def run_benchmark(engine, args, suites, specs, sampling) -> int:
 
     # warm-up: one short run per method (first prompt), so lazy init and allocator growth
     # are not charged to the first timed prompt
-    from app.engine.threads import engine_probe
-
-    probe = engine_probe(engine)
-    governor = args.governor
-    thread_counts = []
     warm_ids = engine.encode_prompt(prompts[0].text)
     for spec in specs:
         governor.apply(probe)

@@ -34,10 +34,10 @@ from pathlib import Path
 import torch
 from torch import nn
 from transformers import LlamaConfig
-
-from app.engine.draft_head import DraftHead
 from transformers.models.llama.modeling_llama import (LlamaAttention, LlamaMLP, LlamaRMSNorm,
                                                       LlamaRotaryEmbedding)
+
+from app.engine.draft_head import DraftHead
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 
