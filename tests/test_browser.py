@@ -542,3 +542,40 @@ def test_markup_in_an_uploaded_trace_stays_text(url, tiny, tmp_path):
             assert "<script>" in page.locator("#token-stream").inner_text()
             browser.close()
         assert requests == [] and hits == [], (requests, hits)
+
+
+@pytest.mark.skipif(not shutil.which(CHROMIUM) and not os.path.exists(CHROMIUM), reason="chromium not installed")
+def test_compare_methods_view(url):
+    """The tab *Compare methods*: the server's methods offered (no Medusa without heads), the
+    default choice run on the prompt, a tree per drafting method, a race line per method, every
+    output equal to vanilla's, and the literature table with this machine's ratios beside it."""
+    from playwright.sync_api import expect, sync_playwright
+
+    expect.set_options(timeout=EXPECT_TIMEOUT_MS)
+    with sync_playwright() as p:
+        browser = _chromium(p)
+        errors: list = []
+        page = _new_page(browser, errors, viewport={"width": 1400, "height": 1600})
+        page.goto(url)
+        page.get_by_role("tab", name="Compare methods").click()
+        boxes = page.locator("#compare-methods input[type=checkbox]")
+        expect(boxes).to_have_count(5)                  # vanilla, pld, lookahead, static, dynamic: no Medusa heads
+        assert [boxes.nth(i).is_checked() for i in range(5)] == [True, True, False, False, True]
+        page.locator("#compare-methods label", has_text="lookahead").click()     # four methods now
+        page.locator("#prompt textarea").fill("w5 w17 w33 w90 w5 w17 w33")
+        page.locator("#compare-methods-btn").click()
+        expect(page.locator("#methods-status")).to_contain_text("done: 4 methods", timeout=120_000)
+        table = page.locator("#methods-table table")
+        expect(table.locator("tbody tr")).to_have_count(4)
+        assert table.locator("tbody tr td:last-child").all_inner_texts().count("yes") == 3
+        page.wait_for_function("document.querySelectorAll('#methods-trees-plot .point').length > 3")
+        titles = page.evaluate("[...document.querySelectorAll('#methods-trees-plot .annotation-text')]"
+                               ".map(e => e.textContent)")
+        assert sum("step" in t for t in titles) == 3, titles
+        page.wait_for_function("document.querySelectorAll('#methods-race-plot .scatterlayer .trace').length == 4")
+        expect(page.locator("#methods-literature")).to_contain_text("Spec-Bench")
+        expect(page.locator("#methods-literature")).to_contain_text("not run")
+        ARTEFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTEFACTS / "compare-methods.png"), full_page=True)
+        assert errors == []
+        browser.close()

@@ -22,8 +22,9 @@ def load_engine(base_model: str | None = None, draft_model: str | None = None, d
     Returns the engine and, for "optional", why no head was loaded ("" when one was).
     An EAGLE-2 head's reduced draft vocabulary is used when it ships one, unless
     ``full_draft_vocab``; an EAGLE-3 head always drafts over its own. ``dtype="auto"`` is ``loading.choose_dtype``'s choice.
-    ``medusa`` ("none" | "required"): also load Medusa heads (``medusa_model``, default the
-    shipped ones) for the medusa method.
+    ``medusa`` ("none" | "optional" | "required"): also load Medusa heads (``medusa_model``,
+    default the shipped ones) for the medusa method; "optional" goes on without them when
+    there are none (the method is then refused with a clear line).
     """
     if head not in ("required", "optional", "none"):
         raise ValueError(f"head must be required, optional or none, got {head!r}")
@@ -40,5 +41,13 @@ def load_engine(base_model: str | None = None, draft_model: str | None = None, d
     # an EAGLE-3 head drafts over its own vocabulary (its d2t map); draft_vocab.json is EAGLE-2's
     if draft is not None and getattr(draft, "kind", "eagle2") == "eagle2" and not full_draft_vocab:
         vocab = loading.load_draft_vocab(draft.folder, target.model.config.vocab_size)
-    heads = loading.load_medusa_heads(medusa_model, target) if medusa == "required" else None
+    if medusa not in ("required", "optional", "none"):
+        raise ValueError(f"medusa must be required, optional or none, got {medusa!r}")
+    heads = None
+    if medusa != "none":
+        try:
+            heads = loading.load_medusa_heads(medusa_model, target)
+        except FileNotFoundError:
+            if medusa == "required":
+                raise
     return Engine(target, draft, limits=limits, draft_vocab=vocab, medusa=heads), missing

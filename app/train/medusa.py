@@ -156,7 +156,7 @@ def run_medusa_training(args, work: Path, out: Path) -> dict:
     if holdout:
         result["holdout_top1"] = evaluate(heads, FeatureDataset(holdout), device, row_of)
         log(f"medusa: held-out top-1 by head {result['holdout_top1']}")
-    heads.save(out)
+    heads.save(out, dtype=torch.float16)      # half the bytes; the engine casts to the target's dtype
     (out / "training.json").write_text(json.dumps(result, indent=1) + "\n")
     log(f"medusa: saved {out}")
     return result

@@ -28,7 +28,7 @@ from pathlib import Path
 import gradio as gr
 
 from app.engine.config import SETTING, SETTINGS, Setting, TreeConfig
-from app.ui import handlers, limits
+from app.ui import handlers, limits, methods
 from app.ui.explain import EXAMPLES, HOW_IT_WORKS, HOW_IT_WORKS_VIEWS, TOUR_STEPS, WHAT_IS_THIS, header_markdown
 from app.ui.requests import (AUTO_PRESET, CUSTOM_PRESET, METHOD_KNOBS, SETTING_NAMES, SWEEP_KNOBS, TREE_KNOBS,
                               TREE_PRESETS, Checked, preset_of, tree_preset)
@@ -54,6 +54,7 @@ REPLAY_VIEWS = ("stream", "tree", "phases", "mask", "mask_caption", "kv", "kv_ca
 PLAY_VIEWS = REPLAY_VIEWS + ("slider",)
 EXPLORE_VIEWS = ("explorer_plot", "explorer_status")
 COMPARE_VIEWS = ("ab", "ab_trees", "ab_caption")
+METHODS_VIEWS = methods.VIEW_NAMES
 PLAY_SPEEDS = {"slow: 2 s a step": 2.0, "1 s a step": 1.0, "fast: 0.5 s a step": 0.5}
 
 
@@ -296,6 +297,9 @@ class Components:
     upload: gr.File
     demo_choice: gr.Dropdown
     demo_btn: gr.Button
+    methods_box: gr.CheckboxGroup
+    methods_tokens: gr.Slider
+    methods_btn: gr.Button
 
     @property
     def settings(self) -> list:
@@ -474,6 +478,29 @@ def _compare_tab() -> dict:
                 ab_trees=gr.Plot(label="The two trees at the same step", elem_id="ab-trees-plot", show_label=False))
 
 
+def _methods_tab(ctx: AppContext) -> dict:
+    """Prompt lookup, lookahead, Medusa, EAGLE-1 and EAGLE-2 on the prompt above, in turns
+    (``app.ui.methods``)."""
+    gr.Markdown("Pick 2–4 methods and run them on the prompt above. They take turns on this machine, "
+                f"{handlers.RACE_CHUNK_TOKENS} tokens each, greedy, every one verified by the same target forward "
+                "and the same acceptance rule, all within the page's node budget (*Tree knobs*). The table under "
+                "the trees puts this machine's ratios beside the published ones.", elem_classes=["caption"])
+    choices = [(f"{name} ({m})" if name != m else m, m) for m in methods.available_methods(ctx)
+               for name in [methods.METHOD_NAMES.get(m, m)]]
+    with gr.Row():
+        parts = dict(methods_box=gr.CheckboxGroup(choices, value=methods.default_methods(ctx), label="methods",
+                                                  elem_id="compare-methods", scale=4),
+                     methods_tokens=gr.Slider(16, 128, value=methods.DEFAULT_TOKENS, step=16, label="new tokens",
+                                              elem_id="compare-tokens", scale=1))
+    parts["methods_btn"] = gr.Button("Run the comparison", elem_id="compare-methods-btn")
+    views = dict(methods_status=gr.Markdown("", elem_id="methods-status"),
+                 methods_table=gr.Markdown("", elem_id="methods-table"),
+                 methods_race=gr.Plot(label="Tokens vs time", elem_id="methods-race-plot", show_label=False),
+                 methods_trees=gr.Plot(label="Each method's tree", elem_id="methods-trees-plot", show_label=False),
+                 methods_literature=gr.Markdown(methods.literature_table({}), elem_id="methods-literature"))
+    return dict(parts, views=views)
+
+
 def _tabs(ctx: AppContext, demos: dict[str, str]) -> dict:
     with gr.Tabs(elem_id="more-tabs"):
         with gr.Tab("How it works", elem_id="how-tab"):
@@ -482,6 +509,8 @@ def _tabs(ctx: AppContext, demos: dict[str, str]) -> dict:
             gr.HTML(legend_html())
         with gr.Tab("Compare A/B", elem_id="compare-tab"):
             views = _compare_tab()
+        with gr.Tab("Compare methods", elem_id="methods-tab"):
+            methods_tab = _methods_tab(ctx)
         with gr.Tab("Insights"):
             gr.Markdown("Over the whole run: how often the target accepted a guess at each depth, whether the head's "
                         "confidence predicts that (calibration), and how many tokens each step wrote.",
@@ -496,8 +525,8 @@ def _tabs(ctx: AppContext, demos: dict[str, str]) -> dict:
             _tree_size_tab(ctx)
         with gr.Tab("Traces"):
             traces_tab = _traces_tab(demos)
-    views.update(explorer.pop("views"), **traces_tab.pop("views"))
-    return dict(explorer, **traces_tab, views=views)
+    views.update(explorer.pop("views"), **traces_tab.pop("views"), **methods_tab.pop("views"))
+    return dict(explorer, **traces_tab, **methods_tab, views=views)
 
 
 def page_header(ctx: AppContext) -> str:
@@ -571,12 +600,35 @@ def wire_engine(c: Components, ctx: AppContext) -> list:
                                           validator=generate_validator, **engine_events)]
     events.append(c.step_btn.click(precheck(handlers.check_step), [c.session], None, api_visibility="private")
                   .success(gpu(next_step), [c.session], run_outputs, api_name="step", **engine_events))
+    events.append(wire_methods(c, ctx, engine_events))
     events.append(c.explore_btn.click(
         make_explore(ctx, checked), [c.knob, c.start, c.stop_value, c.count] + c.settings + [c.session],
         c.views(EXPLORE_VIEWS), api_name="explore",
         validator=settings_validator(check_explore, handlers.SWEEP_FIELDS + SETTING_NAMES + (None,), checked),
         **engine_events))
     return events
+
+
+def wire_methods(c: Components, ctx: AppContext, engine_events: dict):
+    """The method comparison (API ``/compare_methods``): prompt, methods, max_new_tokens.
+    Validated before it starts (a refusal shows under the control it names)."""
+    checked = Checked()
+
+    def check(prompt, chosen, max_new_tokens):
+        return methods.check_compare(ctx, prompt, chosen, max_new_tokens)
+
+    def compare_methods(prompt: str, methods_list: list[str], max_new_tokens: int = methods.DEFAULT_TOKENS,
+                        session: Session | None = None):
+        """Run 2-4 methods on one prompt in turns; per method its tree, tau, tokens/s and the race."""
+        session = session if isinstance(session, Session) else Session()
+        gen = methods.compare_methods(ctx, session, prompt, methods_list, max_new_tokens,
+                                      checked=checked.get([prompt, methods_list, max_new_tokens]))
+        yield from _stream(gen, METHODS_VIEWS)
+
+    names = ("prompt", "methods", "max_new_tokens", None)
+    return c.methods_btn.click(gpu(compare_methods), [c.controls["prompt"], c.methods_box, c.methods_tokens, c.session],
+                               c.views(METHODS_VIEWS), api_name="compare_methods",
+                               validator=settings_validator(check, names, checked), **engine_events)
 
 
 def wire_stop(c: Components, engine_events: list) -> None:

@@ -56,3 +56,25 @@ def interleave(eagle: Iterator, vanilla: Iterator | None, chunk_tokens: int = 16
         for stream in (eagle, vanilla):
             if stream is not None and hasattr(stream, "close"):
                 stream.close()
+
+
+def round_robin(runs: dict[str, Iterator], chunk_tokens: int = 16) -> Iterator[tuple[str, object]]:
+    """(name, record) from several runs' record streams, taking turns: each run in order
+    advances until it has ``chunk_tokens`` more tokens than at its last turn (or ends), then
+    the next. The methods of the page's comparison share the machine this way, so a burst of
+    load falls on all of them within one round. Each stream is consumed to its end (its
+    summary); closing this generator closes every run."""
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be at least 1, got {chunk_tokens}")
+    streams = [_Stream(name, events) for name, events in runs.items()]
+    try:
+        goal = chunk_tokens
+        while not all(s.done for s in streams):
+            for s in streams:
+                yield from s.advance(lambda t: t.tokens >= goal)
+            goal += chunk_tokens
+    finally:
+        for events in runs.values():
+            if hasattr(events, "close"):
+                events.close()
+

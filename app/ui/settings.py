@@ -166,7 +166,7 @@ def _load_context(config: ServerConfig, engine_thread: EngineThread, log) -> App
     from app.engine.factory import load_engine
 
     engine, missing = load_engine(config.base_model, config.draft_model, config.device, config.dtype,
-                                  head="optional", limits=config.limits)
+                                  head="optional", limits=config.limits, medusa="optional")
     target, head = engine.target, engine.head
     if missing:
         missing = f"No draft head loaded ({missing}). Vanilla decoding and recorded traces still work."

@@ -67,17 +67,28 @@ def ab_figure(a_steps: list[StepEvent], a_summary: RunSummary, b_steps: list[Ste
 def ab_trees_figure(a_step: StepEvent | None, b_step: StepEvent | None, labels: tuple[str, str] = ("A", "B"),
                     fold: bool | None = None) -> go.Figure:
     """The two runs' trees at one step index, side by side (one confidence colour bar)."""
-    data, annotations, heights = [], [], []
-    layouts = []
-    for panel, (name, step) in enumerate(zip(labels, (a_step, b_step))):
-        x, y = ("x", "y") if panel == 0 else ("x2", "y2")
+    return trees_side_by_side(list(zip(labels, (a_step, b_step))), fold=fold, revision="ab-trees")
+
+
+def trees_side_by_side(panels: list[tuple[str, StepEvent | None]], fold: bool | None = None,
+                       revision: str = "trees") -> go.Figure:
+    """One tree per panel, left to right, each drawn as ``tree.py`` draws one, on one shared
+    confidence scale (the colour bar beside the last panel). A panel whose step is missing or
+    has no tree says so instead."""
+    n = max(1, len(panels))
+    gap = 0.08 if n == 2 else 0.04
+    width = (1.0 - gap * (n - 1)) / n
+    data, annotations, heights, layouts = [], [], [], []
+    for panel, (name, step) in enumerate(panels):
+        suffix = "" if panel == 0 else str(panel + 1)
+        x, y = f"x{suffix}", f"y{suffix}"
         if step is None or step.tree is None or not len(step.tree):
             layouts.append(None)
             what = "no step" if step is None else "prefill: no tree" if step.prefill else "no tree"
             annotations.append(dict(text=f"{name}: {what}", showarrow=False, xref=f"{x} domain", yref="paper",
                                     x=0.0, y=1.0, xanchor="left", yanchor="bottom", font=dict(size=13)))
             continue
-        traces, lay = tree_traces(step, fold=fold, show_colorbar=panel == 1, axes=(x, y))
+        traces, lay = tree_traces(step, fold=fold, show_colorbar=panel == n - 1, axes=(x, y))
         data += traces
         layouts.append(lay)
         heights.append(tree_height(lay))
@@ -85,11 +96,12 @@ def ab_trees_figure(a_step: StepEvent | None, b_step: StepEvent | None, labels: 
                                      f"{len(step.accepted)} accepted", showarrow=False, xref=f"{x} domain", yref="paper",
                                 x=0.0, y=1.0, yshift=44, xanchor="left", yanchor="bottom", font=dict(size=13)))
     height = max(heights, default=220) + 20
-    layout = dict(style.BASE_LAYOUT, height=height, showlegend=False, uirevision="ab-trees", hovermode="closest",
+    layout = dict(style.BASE_LAYOUT, height=height, showlegend=False, uirevision=revision, hovermode="closest",
                   margin=dict(MARGIN, t=MARGIN["t"] + 20, r=COLORBAR_PX + 10), annotations=annotations)
     for panel, lay in enumerate(layouts):
-        suffix = "" if panel == 0 else "2"
-        domain = [0.0, 0.46] if panel == 0 else [0.54, 1.0]
+        suffix = "" if panel == 0 else str(panel + 1)
+        left = panel * (width + gap)
+        domain = [left, left + width]
         if lay is None:
             layout[f"xaxis{suffix}"] = dict(domain=domain, visible=False)
             layout[f"yaxis{suffix}"] = dict(visible=False, anchor=f"x{suffix}")

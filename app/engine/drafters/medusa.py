@@ -100,13 +100,15 @@ class MedusaHeads(nn.ModuleList):
         return {"medusa_num_heads": self.num_heads, "medusa_num_layers": self.num_layers,
                 "hidden_size": self.hidden, "vocab_size": self.vocab, "base_model_name_or_path": self.base_model}
 
-    def save(self, folder: str | Path) -> None:
+    def save(self, folder: str | Path, dtype: torch.dtype | None = None) -> None:
+        """config.json + the weights (``dtype``: e.g. float16 to ship them at half the size;
+        ``load`` casts to the target's dtype) + draft_vocab.json when the heads have one."""
         from safetensors.torch import save_file
 
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "config.json").write_text(json.dumps(self.config(), indent=2, sort_keys=True) + "\n")
-        state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
+        state = {k: v.detach().cpu().to(dtype or v.dtype).contiguous() for k, v in self.state_dict().items()}
         save_file(state, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
         if self.vocab_ids is not None:
             (folder / "draft_vocab.json").write_text(json.dumps({"token_ids": self.vocab_ids.tolist()}) + "\n")

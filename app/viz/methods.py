@@ -1,0 +1,124 @@
+"""The page's method comparison: several drafters on one prompt, on this machine, beside the
+numbers the literature reports for them.
+
+- ``methods_race_figure``: tokens against decoding time, one line per method (the engine's own
+  step times, as in ``race.py``);
+- ``methods_table``: per method, the drafter, τ, tokens/s, the ratio to vanilla and whether the
+  greedy output equals vanilla's;
+- ``literature_table``: published speedups (papers and Spec-Bench) with this run's measured
+  ratio beside them.
+
+All take step records and summaries only, so a recorded comparison draws the same.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.engine.events import RunSummary, StepEvent
+from app.viz import style
+from app.viz.race import curve
+
+# One colour per method, fixed, so a method looks the same in every figure of the page.
+METHOD_COLOURS = {
+    "vanilla": style.VANILLA,
+    "pld": "#b45309",
+    "lookahead": "#0891b2",
+    "medusa": "#be185d",
+    "static": "#7c3aed",
+    "dynamic": style.EAGLE,
+}
+
+
+@dataclass(frozen=True)
+class Published:
+    """What the literature reports for one method (greedy, batch 1, on a GPU)."""
+
+    paper: str            # where the method comes from
+    paper_speedup: str    # the speedup its own paper reports, with the setting
+    spec_bench: str       # Spec-Bench's overall speedup (Vicuna-7B, RTX 3090, fp16), a common yardstick
+    lossless: str
+    training: str
+
+
+# Published facts (numbers only). Spec-Bench: Xia et al. 2024, leaderboard, Vicuna-7B v1.3 on
+# one RTX 3090, greedy, fp16, overall over six tasks (prompt lookup 2.31x on summarisation).
+LITERATURE = {
+    "vanilla": Published("one target forward per token", "1×", "1×", "yes", "none"),
+    "pld": Published("prompt lookup decoding (Saxena, 2023)", "no paper; gains where the answer copies the prompt",
+                     "1.55× (2.31× on summaries)", "yes", "none"),
+    "lookahead": Published("Lookahead decoding (Fu et al., 2024)", "1.8× (MT-bench, LLaMA-2-7B-chat)", "1.08×", "yes",
+                           "none"),
+    "medusa": Published("Medusa (Cai et al., 2024)", "2.2× (Medusa-1, Vicuna-7B)", "1.44×",
+                        "yes with exact verification (its 'typical acceptance' is not)", "extra heads; target frozen"),
+    "static": Published("EAGLE (Li et al., 2024)", "2.7–3.5× (LLaMA2-Chat 70B)", "2.16×", "yes",
+                        "one decoder layer (the draft head)"),
+    "dynamic": Published("EAGLE-2 (Li et al., 2024)", "3.05–4.26×", "2.25×", "yes", "the EAGLE head, unchanged"),
+}
+
+METHOD_NAMES = {
+    "vanilla": "vanilla",
+    "pld": "prompt lookup",
+    "lookahead": "lookahead",
+    "medusa": "Medusa",
+    "static": "EAGLE-1 (static tree)",
+    "dynamic": "EAGLE-2 (dynamic tree)",
+}
+
+
+def methods_race_figure(runs: dict[str, list[StepEvent]], height: int = 320):
+    """Tokens against decoding seconds, one line per method (``runs``: method -> its steps)."""
+    data = []
+    for method, steps in runs.items():
+        if not steps:
+            continue
+        x, y = curve(steps)
+        dash = "dot" if method == "vanilla" else None
+        data.append(dict(type="scatter", x=x, y=y, mode="lines", name=METHOD_NAMES.get(method, method),
+                         line=dict(color=METHOD_COLOURS.get(method, style.EDGE), width=2 if dash else 3, dash=dash)))
+    layout = dict(style.BASE_LAYOUT, height=height, uirevision="methods-race",
+                  title=dict(text="tokens vs decoding time, every method on the same prompt", x=0.01),
+                  xaxis=dict(title=dict(text="seconds (decoding, after prefill)"), rangemode="tozero"),
+                  yaxis=dict(title=dict(text="tokens"), rangemode="tozero"),
+                  legend=dict(x=0.01, y=0.99))
+    return style.fast_figure(data, layout)
+
+
+def _ratio(summary: RunSummary | None, vanilla: RunSummary | None) -> float | None:
+    if summary is None or vanilla is None or not vanilla.tokens_per_s:
+        return None
+    return summary.tokens_per_s / vanilla.tokens_per_s
+
+
+def methods_table(summaries: dict[str, RunSummary | None], drafted: dict[str, str]) -> str:
+    """A markdown table: one row per method (``summaries``: method -> its summary, None while
+    it runs; ``drafted``: method -> what proposed its nodes)."""
+    vanilla = summaries.get("vanilla")
+    rows = ["| method | drafter | τ (tokens per forward) | tokens/s | × vanilla | output = vanilla |",
+            "|---|---|---|---|---|---|"]
+    for method, s in summaries.items():
+        name = METHOD_NAMES.get(method, method)
+        if s is None:
+            rows.append(f"| {name} | {drafted.get(method, '–')} | … | … | … | … |")
+            continue
+        ratio = _ratio(s, vanilla)
+        same = "–" if vanilla is None or method == "vanilla" else ("yes" if s.token_ids == vanilla.token_ids else
+                                                                   "**no**")
+        rows.append(f"| {name} | {drafted.get(method, '–')} | {s.mean_accepted:.2f} | {s.tokens_per_s:.1f} | "
+                    f"{'–' if ratio is None else f'{ratio:.2f}×'} | {same} |")
+    return "\n".join(rows)
+
+
+def literature_table(summaries: dict[str, RunSummary | None]) -> str:
+    """The literature's numbers per method with this run's measured ratio to vanilla beside them
+    (every method of ``LITERATURE``; "not run" where this comparison did not include it)."""
+    vanilla = summaries.get("vanilla")
+    rows = ["| method | from | paper's speedup | Spec-Bench | lossless | training | here, × vanilla |",
+            "|---|---|---|---|---|---|---|"]
+    for method, pub in LITERATURE.items():
+        s = summaries.get(method)
+        ratio = _ratio(s, vanilla)
+        here = ("not run" if method not in summaries else "…" if s is None
+                else "run without vanilla" if ratio is None else f"**{ratio:.2f}×**")
+        rows.append(f"| {METHOD_NAMES[method]} | {pub.paper} | {pub.paper_speedup} | {pub.spec_bench} | "
+                    f"{pub.lossless} | {pub.training} | {here} |")
+    return "\n".join(rows)

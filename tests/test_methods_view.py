@@ -1,0 +1,127 @@
+"""The page's method comparison (app/ui/methods.py): the runs take turns in chunks, every
+method's greedy output equals vanilla's, the table and the literature table say so, and a bad
+choice of methods is refused in one line before any model work."""
+from __future__ import annotations
+
+import pytest
+
+from app.engine.engine import Engine
+from app.ui import methods
+from app.ui.race import round_robin
+from app.ui.session import Session
+from app.ui.settings import AppContext, ServerConfig
+from app.viz.methods import LITERATURE, METHOD_NAMES
+from tests.test_drafters import trained_medusa
+
+PROMPT = "w5 w17 w33 w90 w5 w17"
+
+
+class _Step:
+    type = "step"
+
+    def __init__(self, n):
+        self.new_tokens = [0] * n
+
+
+class _Summary:
+    type = "summary"
+
+
+def _run(sizes):
+    yield from (_Step(n) for n in sizes)
+    yield _Summary()
+
+
+def test_round_robin_takes_turns_of_chunk_tokens_and_drains_every_run():
+    runs = {"a": _run([1] * 10), "b": _run([3, 3, 3]), "c": _run([])}
+    order = [(name, ev.type) for name, ev in round_robin(runs, chunk_tokens=4)]
+    names = [n for n, t in order if t == "step"]
+    # a: 4 tokens, b: 6 (two steps to pass 4), c: ends; then a: 4 more, b: its last step (9 >= 8); then a: 2
+    assert names == ["a"] * 4 + ["b"] * 2 + ["a"] * 4 + ["b"] + ["a"] * 2
+    assert sorted(n for n, t in order if t == "summary") == ["a", "b", "c"]
+    with pytest.raises(ValueError, match="chunk_tokens"):
+        next(round_robin({"a": _run([1])}, chunk_tokens=0))
+
+
+def test_round_robin_closes_every_run_when_closed():
+    closed = []
+
+    def run(name):
+        try:
+            yield from _run([1] * 100)
+        finally:
+            closed.append(name)
+
+    gen = round_robin({"a": run("a"), "b": run("b")}, chunk_tokens=2)
+    next(gen)
+    next(gen)
+    next(gen)                      # b has started too
+    gen.close()
+    assert sorted(closed) == ["a", "b"]
+
+
+@pytest.fixture(scope="module")
+def ctx(tiny):
+    target, head = tiny
+    engine = Engine(target, head, medusa=trained_medusa(target))
+    return AppContext(engine, ServerConfig(max_new_tokens=64, max_prompt_chars=200, update_interval_s=0.0), "tiny")
+
+
+def test_every_method_decodes_the_prompt_losslessly_in_turns(ctx):
+    chosen = ["vanilla", "pld", "medusa", "dynamic"]
+    views = list(methods.compare_methods(ctx, Session(), PROMPT, chosen, 48))
+    final = views[-1]
+    assert final["methods_status"].startswith("done: 4 methods")
+    table = final["methods_table"].splitlines()
+    rows = {line.split(" | ")[0].strip("| "): line for line in table[2:]}
+    assert set(rows) == {METHOD_NAMES[m] for m in chosen}
+    for m in ("pld", "medusa", "dynamic"):
+        assert rows[METHOD_NAMES[m]].rstrip(" |").endswith("yes"), rows[METHOD_NAMES[m]]   # = vanilla's output
+    assert "| eagle2 |" in rows[METHOD_NAMES["dynamic"]] and "| medusa |" in rows[METHOD_NAMES["medusa"]]
+    # one tree per drafting method, at the most instructive step; the race has one line per method
+    trees = [a.text for a in final["methods_trees"].layout.annotations]
+    assert [t.split("</b>")[0].removeprefix("<b>") for t in trees] == [METHOD_NAMES[m] for m in chosen[1:]]
+    assert {tr.name for tr in final["methods_race"].data} == {METHOD_NAMES[m] for m in chosen}
+    # the literature table: every published method, this run's ratio where it ran
+    lit = final["methods_literature"]
+    assert all(METHOD_NAMES[m] in lit for m in LITERATURE)
+    assert lit.count("not run") == len(LITERATURE) - len(chosen)
+    assert lit.count("×**") == len(chosen)
+    # while running, the table shows what is not finished yet
+    assert any("…" in v["methods_table"] for v in views[:-1])
+
+
+def test_a_stopped_comparison_ends_at_its_next_update(ctx):
+    session = Session()
+    gen = methods.compare_methods(ctx, session, PROMPT, ["vanilla", "pld"], 64)
+    next(gen)
+    session.stop_requested = True
+    assert list(gen) == []
+
+
+@pytest.mark.parametrize("chosen, message", [
+    (["vanilla"], "choose 2 to 4"),
+    (["vanilla", "pld", "lookahead", "medusa", "dynamic"], "choose 2 to 4"),
+    (["vanilla", "eagle9"], "eagle9"),
+    ("vanilla,pld", "list of method names"),
+])
+def test_a_bad_choice_of_methods_is_refused_in_one_line(ctx, chosen, message):
+    with pytest.raises(ValueError, match=message) as err:
+        methods.check_compare(ctx, PROMPT, chosen, 32)
+    assert str(err.value).startswith("methods") and "\n" not in str(err.value)
+
+
+def test_methods_without_their_weights_are_not_offered(tiny):
+    target, head = tiny
+    bare = AppContext(Engine(target, None), ServerConfig(), "tiny")
+    assert methods.available_methods(bare) == ["vanilla", "pld", "lookahead"]
+    with pytest.raises(ValueError, match="medusa"):
+        methods.check_compare(bare, PROMPT, ["vanilla", "medusa"], 32)
+    assert methods.default_methods(bare) == ["vanilla", "pld"]
+
+
+def test_the_prompt_and_token_count_get_the_generate_checks(ctx):
+    with pytest.raises(ValueError, match="^prompt"):
+        methods.check_compare(ctx, "", ["vanilla", "pld"], 32)
+    with pytest.raises(ValueError, match="^max_new_tokens"):
+        methods.check_compare(ctx, PROMPT, ["vanilla", "pld"], 10_000)
