@@ -13,7 +13,9 @@ def add_tree_arguments(p: argparse.ArgumentParser) -> None:
     """Tree knobs. Leaving depth, top_k and total_tokens unset means "auto" for dynamic."""
     p.add_argument("--depth", type=int, default=None, help=f"levels of draft nodes per step (default {_TREE.depth}; dynamic: auto)")
     p.add_argument("--top-k", type=int, default=None, help=f"EAGLE-2 branching: nodes expanded per level, children per node (default {_TREE.top_k}; dynamic: auto)")
-    p.add_argument("--total-tokens", type=int, default=None, help=f"draft nodes verified per step, at most (default {_TREE.total_tokens}; dynamic: auto)")
+    p.add_argument("--total-tokens", type=int, default=None, help=f"draft nodes verified per step, at most, the root not counted (the reference EAGLE "
+                        f"code's total_token=N counts it: pass N-1 here for the same tree; default "
+                        f"{_TREE.total_tokens}; dynamic: auto)")
     p.add_argument("--tau-high", type=float, default=_TREE.tau_high, help="threshold method: 2 children above this confidence")
     p.add_argument("--tau-low", type=float, default=_TREE.tau_low, help="threshold method: 1 child above this confidence")
     p.add_argument("--min-confidence", type=float, default=_TREE.min_confidence, help="drop nodes below this confidence")

@@ -145,3 +145,12 @@ def test_the_cli_trains_an_eagle3_head_from_data_to_eval(tmp_path, monkeypatch):
                                             "--eval-tree", "10/3/2", "--eval-out", str(tmp_path / "e.json")])) == 0
     result = json.loads((tmp_path / "e.json").read_text())["mt_bench"]
     assert result["prompts"] == 1 and result["draft_vocab"] == 40
+
+
+def test_a_new_head_starts_from_the_targets_output_end(data):
+    """norm and lm_head start as the target's final norm and its LM-head rows of the draft tokens."""
+    target, ds = data
+    ids = torch.tensor([5, 3, 200, 17])
+    head = new_head(target, ids, ds.layers)
+    assert torch.equal(head.lm_head.weight, target.model.lm_head.weight[ids])
+    assert torch.equal(head.norm.weight, target.model.model.norm.weight)

@@ -245,7 +245,9 @@ class TreeConfig:
     depth:           deepest level of drafted nodes (= draft forwards per step); pld: longest
                      continuation proposed; medusa: heads used (at most the heads loaded)
     top_k:           EAGLE-2 branching: nodes expanded per level, children proposed per node
-    total_tokens:    at most this many draft nodes are verified (all tree methods)
+    total_tokens:    at most this many draft nodes are verified (all tree methods). The root
+                     (the last committed token) is not counted: the reference EAGLE code's
+                     ``total_token=N`` counts it and drafts N - 1 nodes, so its N is our N - 1
     tau_high/low:    threshold method: a node with confidence > tau_high gets 2 children,
                      > tau_low 1 child, otherwise none
     min_confidence:  any method: drop nodes whose cumulative confidence is below this

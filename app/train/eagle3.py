@@ -168,11 +168,20 @@ def validate(head, target_model, data: Eagle3Dataset, steps: int, vocab_ids: tor
 
 
 def new_head(target, vocab_ids: torch.Tensor, layers: tuple[int, ...]):
-    """A freshly initialised EAGLE-3 head for ``target`` over the draft tokens ``vocab_ids``."""
+    """A freshly initialised EAGLE-3 head for ``target`` over the draft tokens ``vocab_ids``.
+
+    Its output end starts as the target's: ``norm`` from the target's final norm and
+    ``lm_head`` from the target's LM-head rows of the draft tokens, so from the first step a
+    hidden state shaped like the target's last feature already reads as the target's
+    distribution, and training moves the decoder layer towards that before it adjusts the
+    LM head. (EAGLE-3 trains both; the warm start matters when data and time are short.)"""
     from app.engine.eagle3_head import Eagle3Head, eagle3_config_for
 
     head = Eagle3Head(eagle3_config_for(target.model.config, vocab_ids.numel()), layers)
     head.set_draft_vocab(vocab_ids)
+    with torch.no_grad():
+        head.lm_head.weight.copy_(target.model.get_output_embeddings().weight[vocab_ids.to(head.lm_head.weight.device)])
+        head.norm.weight.copy_(target.model.model.norm.weight)
     return head
 
 

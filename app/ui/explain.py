@@ -111,6 +111,11 @@ timing disturbs the other, and a change in the machine's load hits both alike). 
 are the engine's own decoding time after the prompt's prefill. Untick *race against plain
 decoding* to skip it.
 
+**Carrying settings to the reference EAGLE code:** `total_tokens` here counts drafted nodes
+only; the reference code's `total_token` also counts the root, so its `total_token=N` is
+`total_tokens=N-1` here. Its `depth=d` drafts d+1 levels, which is `depth=d+1` here; `top_k`
+means the same in both.
+
 **Adapting the tree:** with *adapt the tree while decoding* (method dynamic) the run chooses
 each step's tree itself among a few candidates (chains of 1–4 guesses and the tree sized for
 this machine), by the tokens per second it has measured so far; the step account says when
