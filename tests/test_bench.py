@@ -105,7 +105,11 @@ def test_parse_methods_variants():
     assert [s.tree.method for s in drafters] == ["pld", "pld", "lookahead", "medusa"]
     assert not any(s.uses_head for s in drafters) and [s.uses_medusa for s in drafters] == [False] * 3 + [True]
     assert (drafters[1].tree.total_tokens, drafters[1].tree.depth, drafters[1].tree.top_k) == (16, 6, 4)
-    for bad in ("dynamic:60/5", "chain:auto", "hf:1/2/3", "vanilla,vanilla", "", "dynamic:600/5/10", "pld:auto"):
+    heads = parse_methods("dynamic:auto@eagle3,chain@/some/folder,dynamic", base)
+    assert [(s.method, s.head) for s in heads] == [("dynamic", "eagle3"), ("chain", "/some/folder"), ("dynamic", None)]
+    assert heads[0].auto and heads[0].label == "dynamic:auto@eagle3"
+    for bad in ("dynamic:60/5", "chain:auto", "hf:1/2/3", "vanilla,vanilla", "", "dynamic:600/5/10", "pld:auto",
+                "pld@eagle3", "vanilla@x", "dynamic@", "hf@eagle3"):
         with pytest.raises(ValueError):
             parse_methods(bad, base)
 
@@ -289,3 +293,26 @@ def test_bench_runs_the_other_drafters_without_an_eagle_head(tiny_folders, tmp_p
     assert doc["meta"]["head"].startswith("none") and doc["meta"]["medusa"] == str(tmp_path / "medusa")
     for r in doc["runs"]:
         assert r["method"] == "vanilla" or r["tree"]["method"] == r["method"].partition(":")[0]
+
+
+def test_bench_takes_another_head_per_method(tiny_folders, tmp_path, monkeypatch):
+    """``method@HEAD``: the same target drafted by another head (here an untrained one) in the
+    same table; both reproduce vanilla, and the trained head accepts more."""
+    from app.engine.loading import load_target
+    from tests.tiny import random_head
+
+    target = load_target(str(tiny_folders / "target"), device="cpu", dtype="float32")
+    random_head(target, seed=5).save(tmp_path / "untrained")
+    out = tmp_path / "out"
+    monkeypatch.setattr(tiny_suites(tmp_path / "eval"), "EVAL_DIR", tmp_path / "eval")
+    labels = ["vanilla", "chain:3/3/1", f"chain:3/3/1@{tmp_path / 'untrained'}"]
+    rc = app_main(["bench", "--suite", "alpha", "--limit", "2", "--max-new-tokens", "16", "--warmup-tokens", "2",
+                   "--methods", ",".join(labels), "--base-model", str(tiny_folders / "target"),
+                   "--draft-model", str(tiny_folders / "head"), "--device", "cpu", "--dtype", "float32",
+                   "--threads", "1", "--out", str(out), "--plotly-js", "none"])
+    assert rc == 0
+    doc = json.loads((out / "results.json").read_text())
+    table = doc["summary"]["alpha"]
+    assert list(table) == labels and all(table[m]["identical_to_vanilla"] == [2, 2] for m in labels)
+    assert table["chain:3/3/1"]["tau"] > table[labels[2]]["tau"] + 0.3
+    assert str(tmp_path / "untrained") in doc["meta"]["head"]

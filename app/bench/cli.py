@@ -36,7 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, default=None, help="first N prompts of each suite; 0 = all (default 10)")
     p.add_argument("--methods", default=None,
                    help=f"comma-separated, from {', '.join(ALL_METHODS)}; a tree method may carry its tree as "
-                        "name:TOTAL/DEPTH/TOP_K (e.g. dynamic:60/5/10) or dynamic:auto (hardware-aware size); "
+                        "name:TOTAL/DEPTH/TOP_K (e.g. dynamic:60/5/10) or dynamic:auto (hardware-aware size), and an "
+                        "EAGLE method another head as @HEAD (a folder, or eagle2 / eagle3 for the shipped ones, e.g. "
+                        "dynamic:auto@eagle3); "
                         "default: all plain methods")
     p.add_argument("--max-new-tokens", type=int, default=None, help="per answer (default 256)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the only setting where outputs are compared)")
@@ -114,16 +116,19 @@ def main(args) -> int:
         check_max_new_tokens(args.max_new_tokens)
         specs = parse_methods(args.methods, tree_config_from(args, "dynamic"))
         sampling = SamplingConfig(temperature=args.temperature, seed=args.seed)
-        need_head = any(s.uses_head for s in specs)
+        need_head = any(s.uses_head and not s.head for s in specs)
         engine, _ = load_engine(args.base_model, args.draft_model, args.device, args.dtype,
                                 head="required" if need_head else "none",
                                 medusa="required" if any(s.uses_medusa for s in specs) else "none",
                                 medusa_model=args.medusa_model)
+        engines = {None: engine}
+        for head in dict.fromkeys(s.head for s in specs if s.head):   # @HEAD: the same target, another head
+            engines[head], _ = load_engine(draft_model=head, target=engine.target, head="required")
     except (ValueError, FileNotFoundError, KeyError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     with busy_processes(args.busy):
-        return run_benchmark(engine, args, suites, specs, sampling)
+        return run_benchmark(engines, args, suites, specs, sampling)
 
 
 @contextlib.contextmanager
@@ -139,7 +144,9 @@ def busy_processes(n: int):
             proc.wait()
 
 
-def run_benchmark(engine, args, suites, specs, sampling) -> int:
+def run_benchmark(engines, args, suites, specs, sampling) -> int:
+    """``engines``: None -> the engine of every method without @HEAD, head name -> the engine
+    (same target) of the methods with it."""
     import torch
     from tqdm import tqdm
 
@@ -152,6 +159,7 @@ def run_benchmark(engine, args, suites, specs, sampling) -> int:
     out = Path(args.out or f"runs/bench-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
     out.mkdir(parents=True, exist_ok=True)
     prompts = [p for s in suites for p in load_suite(s, args.limit or None)]
+    engine = engines[None]
 
     from app.engine.threads import engine_probe
 
@@ -166,7 +174,7 @@ def run_benchmark(engine, args, suites, specs, sampling) -> int:
 
             from app.engine.adapt import adapter_for
 
-            start, adapter, choice = adapter_for(engine, spec.tree, measure=True)
+            start, adapter, choice = adapter_for(engines[spec.head], spec.tree, measure=True)
             specs[i] = replace(spec, tree=start, candidates=tuple(adapter.candidates), prior_tau=adapter.prior_tau)
             print(f"[bench] {spec.label}: adapts over "
                   + ", ".join(adapter._key(t) for t in adapter.candidates), file=sys.stderr)
@@ -177,7 +185,7 @@ def run_benchmark(engine, args, suites, specs, sampling) -> int:
 
             print("[bench] choosing the auto tree (measures the forward cost and calibrates once, then cached)",
                   file=sys.stderr, flush=True)
-            tree, choice = choose_tree(engine, base=spec.tree)
+            tree, choice = choose_tree(engines[spec.head], base=spec.tree)
             specs[i] = replace(spec, tree=tree)
             auto_text = f"{spec.label}: {choice.summary()}"
             auto_report = choice.to_dict()       # the cost curve and every candidate, for the JSON and plots
@@ -197,7 +205,7 @@ def run_benchmark(engine, args, suites, specs, sampling) -> int:
     warm_ids = engine.encode_prompt(prompts[0].text)
     for spec in specs:
         governor.apply(probe)
-        run_one(engine, spec, "warmup", -1, warm_ids, sampling, args.warmup_tokens, fp32_target)
+        run_one(engines[spec.head], spec, "warmup", -1, warm_ids, sampling, args.warmup_tokens, fp32_target)
 
     records = []
     bar = tqdm(total=len(prompts) * len(specs), desc="bench", unit="run", file=sys.stderr, dynamic_ncols=True)
@@ -207,7 +215,7 @@ def run_benchmark(engine, args, suites, specs, sampling) -> int:
         for spec in order:
             bar.set_postfix_str(f"{prompt.suite} #{prompt.question_id} {spec.label}")
             thread_counts.append(governor.apply(probe))     # timed afresh every few seconds, the same for every method
-            rec = run_one(engine, spec, prompt.suite, prompt.question_id, ids, sampling, args.max_new_tokens,
+            rec = run_one(engines[spec.head], spec, prompt.suite, prompt.question_id, ids, sampling, args.max_new_tokens,
                           fp32_target)
             records.append(rec)
             bar.update(1)
@@ -216,6 +224,9 @@ def run_benchmark(engine, args, suites, specs, sampling) -> int:
     head = None
     if any(s.uses_head for s in specs):
         head = args.draft_model or f"shipped ({DEFAULT_HEAD_DIR.relative_to(DEFAULT_HEAD_DIR.parents[1])})"
+        others = [s.head for s in specs if s.head]
+        if others:
+            head += "; @HEAD columns: " + ", ".join(dict.fromkeys(others))
     meta = {
         "command": _command(args), "started": started, "wall_s": time.perf_counter() - t_start,
         "machine": _machine(), "device": str(engine.target.device), "dtype": str(engine.target.dtype).replace("torch.", ""),

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from app.engine.config import METHODS, SamplingConfig, TreeConfig
+from app.engine.config import HEAD_METHODS, METHODS, SamplingConfig, TreeConfig
 
 # hf-fp32: plain generate on a float32 copy of the target, the reference when the engine runs
 # in bf16 (so a bf16 run reports its ratio to both the same-dtype and the float32 hf).
@@ -44,6 +44,7 @@ class MethodSpec:
     adaptive: bool = False            # dynamic:adaptive: the tree adapts while decoding (app.engine.adapt)
     candidates: tuple = ()            # ... between these trees
     prior_tau: dict | None = None
+    head: str | None = None           # "@HEAD" of the label: another EAGLE head (folder or shipped name)
 
     @property
     def is_hf(self) -> bool:
@@ -63,7 +64,11 @@ def parse_methods(spec: str, base: TreeConfig) -> list[MethodSpec]:
     """``"hf,vanilla,dynamic,dynamic:60/5/10,dynamic:auto"`` -> specs (tree knobs from ``base``)."""
     out: list[MethodSpec] = []
     for label in [s.strip() for s in spec.split(",") if s.strip()]:
-        name, _, variant = label.partition(":")
+        body, at, head = label.partition("@")
+        name, _, variant = body.partition(":")
+        if at and (not head or name not in HEAD_METHODS):
+            raise ValueError(f"only the EAGLE head's methods take @HEAD (a head folder or a shipped head's name), "
+                             f"got {label!r}")
         if name not in ALL_METHODS:
             raise ValueError(f"methods must be among {', '.join(ALL_METHODS)} (optionally name:TOTAL/DEPTH/TOP_K "
                              f"or name:auto or dynamic:adaptive), got {label!r}")
@@ -84,7 +89,7 @@ def parse_methods(spec: str, base: TreeConfig) -> list[MethodSpec]:
             except ValueError:
                 raise ValueError(f"a method variant is TOTAL/DEPTH/TOP_K (e.g. dynamic:60/5/10), got {label!r}") from None
             tree = TreeConfig(**{**tree.__dict__, "total_tokens": total, "depth": depth, "top_k": top_k})
-        out.append(MethodSpec(label, name, tree, auto, adaptive))
+        out.append(MethodSpec(label, name, tree, auto, adaptive, head=head or None))
     if not out:
         raise ValueError("methods must name at least one method")
     if len({m.label for m in out}) != len(out):

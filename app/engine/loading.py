@@ -29,6 +29,8 @@ EMBEDDED_ALIASES = (None, "", "embedded", EMBEDDED_NAME, EMBEDDED_HUB_ID)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_HEAD_DIR = REPO_ROOT / "models" / "eagle-smollm2-135m-instruct"
 DEFAULT_MEDUSA_DIR = REPO_ROOT / "models" / "medusa-smollm2-135m-instruct"
+# Heads shipped for the embedded model, by the name a user may give instead of a folder.
+SHIPPED_HEADS = {"eagle2": DEFAULT_HEAD_DIR, "eagle3": REPO_ROOT / "models" / "eagle3-smollm2-135m-instruct"}
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -173,13 +175,15 @@ def load_target(name: str | None = None, device: str | None = None, dtype: str |
 
 
 def resolve_head_source(name: str | None) -> Path:
-    """A local folder holding a draft head; hub ids are downloaded (config + weights only)."""
-    if name in (None, "", "default"):
-        if not (DEFAULT_HEAD_DIR / "config.json").is_file():
+    """A local folder holding a draft head: the shipped one (None), a shipped one by name
+    (``SHIPPED_HEADS``), a folder, or a hub id (downloaded: config + weights only)."""
+    if name in (None, "", "default") or name in SHIPPED_HEADS:
+        folder = SHIPPED_HEADS.get(name, DEFAULT_HEAD_DIR)
+        if not (folder / "config.json").is_file():
             raise FileNotFoundError(
-                f"no trained draft head at {DEFAULT_HEAD_DIR}: train one with `python -m app train` "
+                f"no trained draft head at {folder}: train one with `python -m app train` "
                 "or pass --draft-model FOLDER_OR_HUB_ID")
-        return DEFAULT_HEAD_DIR
+        return folder
     path = Path(name).expanduser()
     if path.exists():
         if not path.is_dir():
