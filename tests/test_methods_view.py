@@ -125,3 +125,31 @@ def test_the_prompt_and_token_count_get_the_generate_checks(ctx):
         methods.check_compare(ctx, "", ["vanilla", "pld"], 32)
     with pytest.raises(ValueError, match="^max_new_tokens"):
         methods.check_compare(ctx, PROMPT, ["vanilla", "pld"], 10_000)
+
+
+def test_another_shipped_head_races_beside_the_servers_own(tmp_path, monkeypatch):
+    """An EAGLE-3 head shipped beside the EAGLE-2 one is offered as ``dynamic@eagle3`` (by name,
+    never a path), drafts with its own engine on the same target, and is lossless too."""
+    from app.engine import loading
+    from app.engine.factory import load_engine
+    from app.ui.settings import other_shipped_heads
+    from tests.tiny import eagle3_target, random_eagle3_head, random_head
+
+    target = eagle3_target(0)
+    random_head(target).save(tmp_path / "eagle2")
+    random_eagle3_head(target).save(tmp_path / "eagle3")
+    monkeypatch.setattr(loading, "SHIPPED_HEADS", {"eagle2": tmp_path / "eagle2", "eagle3": tmp_path / "eagle3",
+                                                   "missing": tmp_path / "nothing-here"})
+    engine, _ = load_engine(draft_model=str(tmp_path / "eagle2"), target=target)
+    heads = other_shipped_heads(engine, ServerConfig())
+    assert list(heads) == ["eagle3"] and heads["eagle3"].target is target and heads["eagle3"].drafter == "eagle3"
+    assert other_shipped_heads(engine, ServerConfig(base_model=str(tmp_path))) == {}   # trained for another target
+    ctx = AppContext(engine, ServerConfig(max_new_tokens=64, max_prompt_chars=200, update_interval_s=0.0), "tiny",
+                     heads=heads)
+    assert methods.available_methods(ctx)[-2:] == ["dynamic", "dynamic@eagle3"]
+    final = list(methods.compare_methods(ctx, Session(), PROMPT, ["vanilla", "dynamic", "dynamic@eagle3"], 24))[-1]
+    rows = {line.split(" | ")[0].strip("| "): line for line in final["methods_table"].splitlines()[2:]}
+    assert "| eagle2 |" in rows["EAGLE-2 (dynamic tree)"] and "| eagle3 |" in rows["EAGLE-3 (dynamic tree)"]
+    assert all(rows[n].rstrip(" |").endswith("yes") for n in ("EAGLE-2 (dynamic tree)", "EAGLE-3 (dynamic tree)"))
+    with pytest.raises(ValueError, match="dynamic@/tmp"):
+        methods.check_compare(ctx, PROMPT, ["vanilla", "dynamic@/tmp"], 24)

@@ -1,7 +1,8 @@
 """The page's method comparison: 2-4 drafters decode one prompt on this machine, in turns.
 
 Every method is a policy of the one engine (``app.engine.drafters`` for prompt lookup,
-lookahead and Medusa, the EAGLE head for EAGLE-1's static and EAGLE-2's dynamic tree), so each
+lookahead and Medusa, the EAGLE head for EAGLE-1's static and EAGLE-2's dynamic tree, and any
+other shipped head, e.g. EAGLE-3's, as ``dynamic@NAME``), so each
 step is verified by the same tree-masked target forward with the same acceptance rule, and
 every greedy output must equal vanilla's (the table checks it). All runs draft within the same
 node budget: the page's default tree (``AppContext.tree_defaults``, sized for this machine)
@@ -41,7 +42,15 @@ def available_methods(ctx: AppContext) -> list[str]:
         out.append("medusa")
     if ctx.has_head:
         out += ["static", "dynamic"]
+        out += [f"dynamic@{name}" for name in ctx.heads]     # EAGLE-2's tree drafted by another shipped head
     return out
+
+
+def engine_for(ctx: AppContext, method: str):
+    """The engine that runs ``method``: ``dynamic@NAME`` drafts with the shipped head NAME
+    (``AppContext.heads``, same target), every other method with the server's engine."""
+    _, at, head = method.partition("@")
+    return ctx.heads[head] if at else ctx.engine
 
 
 def default_methods(ctx: AppContext) -> list[str]:
@@ -54,7 +63,7 @@ def default_methods(ctx: AppContext) -> list[str]:
 def method_tree(ctx: AppContext, method: str) -> TreeConfig:
     """The tree a method drafts in the comparison: the page's default node budget
     (total_tokens, depth, top_k), only the method changed."""
-    return dataclasses.replace(ctx.tree_defaults, method=method)
+    return dataclasses.replace(ctx.tree_defaults, method=method.partition("@")[0])
 
 
 def check_compare(ctx: AppContext, prompt, methods, max_new_tokens) -> tuple:
@@ -73,7 +82,7 @@ def check_compare(ctx: AppContext, prompt, methods, max_new_tokens) -> tuple:
                           "temperature": 0.0})
     ids = ctx.engine.encode_prompt(request.prompt)
     for m in methods:
-        ctx.engine.check_request(ids, method_tree(ctx, m), request.max_new_tokens)
+        engine_for(ctx, m).check_request(ids, method_tree(ctx, m), request.max_new_tokens)
     return request, methods
 
 
@@ -108,8 +117,8 @@ def compare_methods(ctx: AppContext, session: Session, prompt, methods, max_new_
     result when the page's validator already ran it."""
     request, methods = checked or check_compare(ctx, prompt, methods, max_new_tokens)
     with session.running():
-        runs = {m: ctx.engine.generate(request.prompt, tree=method_tree(ctx, m), sampling=request.sampling,
-                                       max_new_tokens=request.max_new_tokens) for m in methods}
+        runs = {m: engine_for(ctx, m).generate(request.prompt, tree=method_tree(ctx, m), sampling=request.sampling,
+                                               max_new_tokens=request.max_new_tokens) for m in methods}
         steps: dict[str, list[StepEvent]] = {m: [] for m in methods}
         summaries: dict = {m: None for m in methods}
         load0 = _load_average()

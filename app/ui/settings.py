@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from app.engine.config import GenerationLimits, TreeConfig
 from app.engine.threads import ThreadGovernor
@@ -122,6 +123,9 @@ class AppContext:
     threads: ThreadGovernor = field(default_factory=ThreadGovernor, repr=False)
     thread_probe: object | None = field(default=None, repr=False)
     paused: PausedRuns | None = field(default=None, repr=False)   # every paused step-mode run (limits.py)
+    # The other shipped heads for the same target, by name (e.g. "eagle3"), each in an engine of
+    # its own that shares the target: the comparison can draft with them (never a path from the page).
+    heads: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
         if self.paused is None:
@@ -173,12 +177,29 @@ def _load_context(config: ServerConfig, engine_thread: EngineThread, log) -> App
     head_name = config.draft_model or "shipped head models/eagle-smollm2-135m-instruct"
     note = (f"target {md_code(target.name)} on {target.device.type} ({str(target.dtype).replace('torch.', '')}); "
             + (f"draft head: {md_code(head_name)}" if head is not None else "no draft head"))
+    heads = other_shipped_heads(engine, config) if head is not None else {}
+    if heads:
+        note += f"; also for the comparison: {', '.join(md_code(n) for n in heads)}"
     tree, choice = TreeConfig(), None
     if head is not None and config.auto_tree:
         tree, tree_note, choice = auto_tree_defaults(engine, log)
         note += f". {tree_note}"
     return AppContext(engine, config, note, missing, tree_defaults=tree, tree_choice=choice,
-                      engine_thread=engine_thread)
+                      engine_thread=engine_thread, heads=heads)
+
+
+def other_shipped_heads(engine, config: ServerConfig) -> dict:
+    """{name: Engine} for every head shipped under models/ (``loading.SHIPPED_HEADS``) other than
+    the one ``engine`` drafts with, when the target is the embedded model they were trained for."""
+    from app.engine.factory import load_engine
+    from app.engine.loading import EMBEDDED_ALIASES, SHIPPED_HEADS
+
+    if config.base_model not in EMBEDDED_ALIASES:
+        return {}
+    mine = Path(engine.head.folder).resolve()
+    return {name: load_engine(draft_model=str(folder), target=engine.target, limits=config.limits)[0]
+            for name, folder in SHIPPED_HEADS.items()
+            if (folder / "config.json").is_file() and folder.resolve() != mine}
 
 
 def auto_tree_defaults(engine, log=print) -> tuple[TreeConfig, str, dict]:

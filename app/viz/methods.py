@@ -26,6 +26,7 @@ METHOD_COLOURS = {
     "medusa": "#be185d",
     "static": "#7c3aed",
     "dynamic": style.EAGLE,
+    "dynamic@eagle3": "#1d4ed8",
 }
 
 
@@ -53,6 +54,8 @@ LITERATURE = {
     "static": Published("EAGLE (Li et al., 2024)", "2.7–3.5× (LLaMA2-Chat 70B)", "2.16×", "yes",
                         "one decoder layer (the draft head)"),
     "dynamic": Published("EAGLE-2 (Li et al., 2024)", "3.05–4.26×", "2.25×", "yes", "the EAGLE head, unchanged"),
+    "dynamic@eagle3": Published("EAGLE-3 (Li et al., 2025)", "up to 6.5× (about 1.4× EAGLE-2's)", "–", "yes",
+                                "a draft layer on fused low/mid/high features, training-time test"),
 }
 
 METHOD_NAMES = {
@@ -62,6 +65,7 @@ METHOD_NAMES = {
     "medusa": "Medusa",
     "static": "EAGLE-1 (static tree)",
     "dynamic": "EAGLE-2 (dynamic tree)",
+    "dynamic@eagle3": "EAGLE-3 (dynamic tree)",
 }
 
 
