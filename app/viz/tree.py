@@ -51,6 +51,11 @@ MIN_HEIGHT = 220
 MIN_COLUMNS = 6         # a shallow tree still gets columns this wide (it does not stretch across the page)
 
 
+# What proposed a step's nodes (``StepEvent.drafter``), as the tree's title names it.
+DRAFTER_NAMES = {"eagle2": "EAGLE head", "eagle3": "EAGLE-3 head", "medusa": "Medusa heads",
+                 "pld": "prompt lookup", "lookahead": "lookahead pool"}
+
+
 def show_token(text: str, escape: bool = True, limit: int = 12) -> str:
     """A token as a short visible label: spaces and newlines made visible, cut to ``limit``
     characters; HTML escaped for plotly labels, or (``escape=False``) made safe for a
@@ -355,7 +360,8 @@ def tree_figure(step: StepEvent | None, title: str | None = None, bonus_text: st
     n, k = len(step.tree), len(step.accepted)
     shown = sum(isinstance(r, int) for r in lay.rows)
     if title is None:
-        title = (f"step {step.step if number is None else number}: {n} draft nodes, {k} accepted"
+        by = f" from the {DRAFTER_NAMES.get(step.drafter, step.drafter)}" if step.drafter else ""
+        title = (f"step {step.step if number is None else number}: {n} draft nodes{by}, {k} accepted"
                  f"{' + bonus' if BONUS_ID in lay.rows else ''}"
                  f"{f'<br><sup>showing {shown} of {n}: grey +N nodes count the rest</sup>' if shown < n else ''}")
     layout = dict(style.BASE_LAYOUT, height=height, uirevision="tree", showlegend=False, hovermode="closest",
