@@ -153,3 +153,16 @@ def test_another_shipped_head_races_beside_the_servers_own(tmp_path, monkeypatch
     assert all(rows[n].rstrip(" |").endswith("yes") for n in ("EAGLE-2 (dynamic tree)", "EAGLE-3 (dynamic tree)"))
     with pytest.raises(ValueError, match="dynamic@/tmp"):
         methods.check_compare(ctx, PROMPT, ["vanilla", "dynamic@/tmp"], 24)
+
+
+def test_the_table_says_when_an_output_differs_from_vanillas():
+    from app.engine.events import RunSummary
+    from app.viz.methods import methods_table
+
+    def summary(ids, tps):
+        return RunSummary("x", len(ids), 1.0, tps, len(ids), 1.5, [], ids, "")
+
+    table = methods_table({"vanilla": summary([1, 2, 3], 10.0), "pld": summary([1, 2, 3], 15.0),
+                           "lookahead": summary([1, 2, 4], 5.0)}, {"pld": "pld", "lookahead": "lookahead"})
+    rows = table.splitlines()[2:]
+    assert rows[1].endswith("| 1.50× | yes |") and rows[2].endswith("| 0.50× | **no** |"), rows
