@@ -2,8 +2,8 @@
 
     python scripts/viz_screenshots.py [--out docs/viz] [--width 900]
 
-Records: the shipped traces (traces/2-code.json: a 2-node tree; traces/5-code-big-tree.json:
-24-node trees, same prompt) and one fresh greedy float32 run of the embedded SmolLM2 target
+Records: the shipped traces (traces/2-code.json: a 5-node chain; traces/1-chat.json: 16-node
+trees) and one fresh greedy float32 run of the embedded SmolLM2 target
 with the shipped head and EAGLE-2's paper tree (depth 6, top_k 10, 60 nodes; ~10 s on a CPU).
 Each figure is drawn by plotly.js (bundled with the plotly package, no network) in a headless
 chromium (Debian's, through Playwright) and screenshotted at its own height.
@@ -71,19 +71,19 @@ def main() -> None:
     from app.viz.verify_view import kv_figure, mask_figure
 
     small = parse_trace((ROOT / "traces" / "2-code.json").read_bytes())
-    big = parse_trace((ROOT / "traces" / "5-code-big-tree.json").read_bytes())
+    big = parse_trace((ROOT / "traces" / "1-chat.json").read_bytes())
     steps, _ = paper_tree_run()
     paper = max(steps[1:], key=lambda s: (len(s.tree), len(s.accepted)))     # a 60-node tree, longest path
     medium = max(big.steps[1:], key=lambda s: (len(s.accepted), "rejected" in s.tree.status))
-    labels = ("2-node tree", "24-node tree")
+    labels = ("5-node chain", "16-node tree")
     render([
-        (out / "tree-24.png", tree_figure(medium)),
+        (out / "tree-16.png", tree_figure(medium)),
         (out / "tree-60-folded.png", tree_figure(paper)),
         (out / "tree-60-full.png", tree_figure(paper, fold=False)),
-        (out / "mask-24.png", mask_figure(medium)),
+        (out / "mask-16.png", mask_figure(medium)),
         (out / "mask-60.png", mask_figure(paper)),
         (out / "kv-60.png", kv_figure(paper)),
-        (out / "kv-24.png", kv_figure(medium)),
+        (out / "kv-16.png", kv_figure(medium)),
         (out / "ab.png", ab_figure(small.steps, small.summary, big.steps, big.summary, labels,
                                    small.vanilla_summary.tokens_per_s if small.vanilla_summary else None)),
         (out / "ab-trees.png", ab_trees_figure(small.steps[3], big.steps[3], labels)),
