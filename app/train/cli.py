@@ -57,8 +57,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     # data
     p.add_argument("--num-prompts", type=int, default=12288, help="size of the prompt set")
     p.add_argument("--shard-size", type=int, default=64, help="prompts per shard = generation batch")
-    p.add_argument("--data-dtype", default="bfloat16", choices=["float32", "bfloat16"],
-                   help="dtype of the target while answering (features are stored as float16)")
+    p.add_argument("--data-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="dtype of the target while answering (features are stored as float16); auto: bfloat16 "
+                        "on a GPU or a CPU with native bf16 (AMX / AVX512-BF16), else float32 (emulated bf16 "
+                        "is several times slower)")
     p.add_argument("--max-new-tokens", type=int, default=256, help="response length cap")
     p.add_argument("--reverse", action="store_true",
                    help="take shards from the last one down: a second data worker next to a forward one")
@@ -89,7 +91,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "each step ~2x faster for SmolLM2); 'full': the whole vocabulary")
     p.add_argument("--draft-vocab-size", type=int, default=8192, help="tokens in the draft vocabulary")
     p.add_argument("--fp32-lm-head", action="store_true",
-                   help="LM-head matmuls of the loss in float32 (default: bf16 autocast, faster on CPU)")
+                   help="LM-head matmuls of the loss in float32 (default: bf16 autocast where bf16 is native, "
+                        "see --data-dtype auto; float32 elsewhere)")
     p.add_argument("--train-minutes", type=float, default=100.0,
                    help="training-time budget of the run (summed over resumes); the LR schedule follows it; "
                         "0 = no budget, --epochs alone ends the run")
@@ -115,6 +118,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-tree", default="60/5/10",
                    help="TOTAL_TOKENS/DEPTH/TOP_K of the dynamic tree (default: the papers' 60/5/10; the "
                         "reference code's depth=5 drafts 6 levels, which is 60/6/10 here)")
+
+
+def native_bf16(args) -> bool:
+    """Whether bfloat16 arithmetic is native where this run computes: a GPU, or a CPU with
+    AMX / AVX512-BF16 (elsewhere torch emulates it, measured 4.5x slower than float32 on an
+    AVX2-only CPU)."""
+    from app.engine.loading import choose_device
+    from app.engine.precision import cpu_has_native_bf16
+
+    return choose_device(getattr(args, "device", "cpu")).type == "cuda" or cpu_has_native_bf16()
 
 
 def default_work_dir(name: str) -> Path:
@@ -211,7 +224,10 @@ def run_data(args, work: Path) -> None:
         if path.is_file() or not claim(path):
             continue
         if target is None:
-            target = load_target(args.base_model, device=getattr(args, "device", "cpu"), dtype=args.data_dtype)
+            dtype = args.data_dtype
+            if dtype == "auto":
+                dtype = "bfloat16" if native_bf16(args) else "float32"
+            target = load_target(args.base_model, device=getattr(args, "device", "cpu"), dtype=dtype)
             tok = target.tokenizer
             pad = tok.pad_token_id if tok.pad_token_id is not None else 0
             layers = ()
