@@ -5,6 +5,7 @@ the real prompt generator and the real evaluation sets.
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 from pathlib import Path
 
