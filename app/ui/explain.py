@@ -94,6 +94,14 @@ measures, it does not assume. EAGLE-2's key observation,
 shown in *Insights → calibration*, is that draft confidence closely tracks the real acceptance
 rate, so spending the tree's budget on confident nodes pays.
 
+### Three generations of EAGLE
+
+| | what changed | the papers' speedup | measured here (SmolLM2-135M target, greedy) |
+|---|---|---|---|
+| **EAGLE** | the draft works on *features*: one decoder layer reads the target's last hidden state and the next token, predicts the next hidden state, and the target's own LM head turns it into tokens; a fixed tree shape | 2.7–3.5× (LLaMA2-Chat 70B) | static 24-node tree with the shipped head: τ 2.69 on mt_bench |
+| **EAGLE-2** | the same head; the tree is *dynamic*: the draft's confidence tracks acceptance, so the most confident nodes are expanded and the best `total_tokens` kept | 3.05–4.26× | 60/5/10 tree: τ 3.05 on all 80 mt_bench prompts; the 2-node chain accepts 0.56 per depth |
+| **EAGLE-3** | no feature regression: trained on tokens only, with *training-time test* (it learns from its own earlier drafts, as it drafts); it reads low, mid and high target layers fused by one linear layer, and drafts over a smaller vocabulary | up to 6.5× (≈1.4× EAGLE-2) | not shipped: trained here for 30 min on 830 answers, held-out depth-1 acceptance 0.33 against 0.47 for EAGLE-2's recipe on the same data and time (each EAGLE-3 step costs 4.5× on this CPU; per step the two learn alike) |
+
 **Methods here:** `dynamic` (EAGLE-2), `static` (EAGLE-1's fixed tree shape), `chain` (classic
 one-guess-per-level speculative decoding with the same head), `threshold` (children only above
 confidence thresholds τ_high / τ_low), and `vanilla` (no draft, one token per forward).
