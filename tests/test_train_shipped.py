@@ -36,5 +36,5 @@ def test_shipped_head_loads_by_default_and_is_accepted():
     engine = Engine(target, load_draft_head(None, target))
     prompts = [first_turns(name, 1)[0] for name in ("mt_bench", "alpaca", "gsm8k")]
     result = measure_tau(engine, prompts, TreeConfig(method="dynamic", depth=5, top_k=10, total_tokens=60),
-                         SamplingConfig(temperature=0.0), max_new_tokens=64)
+                         SamplingConfig(temperature=0.0), max_new_tokens=40)
     assert result["tau"] > 2.0, result

@@ -24,7 +24,7 @@ def load_engine(base_model: str | None = None, draft_model: str | None = None, d
     ``full_draft_vocab``; an EAGLE-3 head always drafts over its own. ``dtype="auto"`` is ``loading.choose_dtype``'s choice.
     ``medusa`` ("none" | "optional" | "required"): also load Medusa heads (``medusa_model``,
     default the shipped ones) for the medusa method; "optional" goes on without them when
-    there are none (the method is then refused with a clear line).
+    there are none or they do not fit the target (the method is then refused with a clear line).
     """
     if head not in ("required", "optional", "none"):
         raise ValueError(f"head must be required, optional or none, got {head!r}")
@@ -47,7 +47,7 @@ def load_engine(base_model: str | None = None, draft_model: str | None = None, d
     if medusa != "none":
         try:
             heads = loading.load_medusa_heads(medusa_model, target)
-        except FileNotFoundError:
+        except (FileNotFoundError, ValueError):   # none, or heads made for another target
             if medusa == "required":
                 raise
     return Engine(target, draft, limits=limits, draft_vocab=vocab, medusa=heads), missing

@@ -197,9 +197,15 @@ def other_shipped_heads(engine, config: ServerConfig) -> dict:
     if config.base_model not in EMBEDDED_ALIASES:
         return {}
     mine = Path(engine.head.folder).resolve()
-    return {name: load_engine(draft_model=str(folder), target=engine.target, limits=config.limits)[0]
-            for name, folder in SHIPPED_HEADS.items()
-            if (folder / "config.json").is_file() and folder.resolve() != mine}
+    heads = {}
+    for name, folder in SHIPPED_HEADS.items():
+        if not (folder / "config.json").is_file() or folder.resolve() == mine:
+            continue
+        try:
+            heads[name] = load_engine(draft_model=str(folder), target=engine.target, limits=config.limits)[0]
+        except ValueError:       # made for another target (a server run on a test model)
+            continue
+    return heads
 
 
 def auto_tree_defaults(engine, log=print) -> tuple[TreeConfig, str, dict]:
