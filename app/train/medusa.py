@@ -72,7 +72,7 @@ def rows_of(vocab_ids: torch.Tensor | None, vocab_size: int) -> torch.Tensor | N
 
 
 def run_medusa_training(args, work: Path, out: Path) -> dict:
-    from app.engine.loading import load_target
+    from app.engine.loading import EMBEDDED_ALIASES, EMBEDDED_HUB_ID, load_target
     from app.train.trainer import FeatureDataset, lr_at
 
     run_dir = work / "runs" / f"medusa-{args.run_name}"
@@ -97,6 +97,8 @@ def run_medusa_training(args, work: Path, out: Path) -> dict:
             vocab_path.write_text(json.dumps(build(paths, args.draft_vocab_size, always=tuple(sorted(target.eos_ids)))))
         vocab_ids = torch.tensor(json.loads(vocab_path.read_text())["token_ids"], dtype=torch.long)
     heads = MedusaHeads.from_target(target.model, args.medusa_heads, args.medusa_layers, vocab_ids)
+    if args.base_model in EMBEDDED_ALIASES:      # its hub id, not the path of this machine's unpacked copy
+        heads.base_model = EMBEDDED_HUB_ID
     device = target.device
     heads.to(device)
     row_of = rows_of(vocab_ids, vocab_size)
