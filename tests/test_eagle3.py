@@ -195,41 +195,18 @@ def test_drafts_are_what_training_time_test_computes(target, trained):
     assert accepted > 0
 
 
-def first_tokens_histogram(engine, tree, n_runs, n_tokens=2):
-    """How often each (first, second) answer token pair comes out of ``n_runs`` seeded runs at
-    temperature 1. The first token comes from the prefill, the second from a speculative step."""
-    counts: dict[tuple, int] = {}
-    for seed in range(n_runs):
-        *_, summary = engine.generate(prompt_ids=PROMPT, tree=tree, max_new_tokens=n_tokens,
-                                      sampling=SamplingConfig(temperature=1.0, seed=seed))
-        key = tuple(summary.token_ids[:n_tokens])
-        counts[key] = counts.get(key, 0) + 1
-    return counts
-
-
-@pytest.mark.parametrize("method", ["chain"])
-def test_sampled_output_follows_the_target_exactly(target, trained, method):
-    """The joint distribution of the first two sampled tokens equals the target's (the pattern
-    of tests/test_sampling.py) for a chain drafted by sampling q over the draft vocabulary and
-    verified by speculative sampling: the sampled path where an EAGLE-3 head differs from an
-    EAGLE-2 one (its q lives on the draft vocabulary). A tree of candidates is verified by
-    sequential rejection, which reads the drafted token ids only (``test_sampling.py`` checks
-    it; its use with this head, the next test)."""
+def test_a_sampled_chain_from_an_eagle3_head_is_verified_by_speculative_sampling(target, trained):
+    """Under sampling a one-wide tree is a chain drafted by sampling q and verified by
+    min(1, p/q). That rule's output distribution is tested with power in
+    tests/test_sampling.py (shared code, app/engine/verify.py); what an EAGLE-3 head changes is
+    where q lives (its draft vocabulary), checked by the q test below. A joint-distribution
+    test on this tiny target had no power: its answers are near-deterministic, and it still
+    passed with every draft accepted."""
     engine = Engine(target, trained)
-    with torch.no_grad():
-        p1 = torch.softmax(target.model(torch.tensor([PROMPT])).logits[0, -1], -1)
-        exact = {}
-        for a in torch.topk(p1, 6).indices.tolist():
-            p2 = torch.softmax(target.model(torch.tensor([PROMPT + [a]])).logits[0, -1], -1)
-            for b in torch.topk(p2, 6).indices.tolist():
-                exact[(a, b)] = float(p1[a] * p2[b])
-    n = 1500
-    spec = first_tokens_histogram(engine, TreeConfig(method=method, depth=3, top_k=4, total_tokens=12), n)
-    err = 0.5 * sum(abs(spec.get(k, 0) / n - v) for k, v in exact.items())
-    assert err < 0.08, err
-    *steps, _ = engine.generate(prompt_ids=PROMPT, tree=TreeConfig(method=method),
+    *steps, _ = engine.generate(prompt_ids=PROMPT, tree=TreeConfig(method="chain"),
                                 sampling=SamplingConfig(temperature=1.0, seed=3), max_new_tokens=30)
-    assert {s.rule for s in steps[1:]} == {"sampled_tree" if method == "dynamic" else "sampled_chain"}
+    assert {s.rule for s in steps[1:]} == {"sampled_chain"}
+    assert any(len(s.accepted) for s in steps[1:])
 
 
 def test_a_sampled_tree_from_an_eagle3_head_is_verified_by_sequential_rejection(target, trained):
