@@ -166,3 +166,17 @@ def test_the_table_says_when_an_output_differs_from_vanillas():
                            "lookahead": summary([1, 2, 4], 5.0)}, {"pld": "pld", "lookahead": "lookahead"})
     rows = table.splitlines()[2:]
     assert rows[1].endswith("| 1.50× | yes |") and rows[2].endswith("| 0.50× | **no** |"), rows
+
+
+def test_the_validators_result_is_reused_for_the_same_choice_of_methods(ctx):
+    """The page validates a comparison once: what its validator accepted (a list of methods
+    among the values) is found again by the event for the same values, and only for them."""
+    from app.ui.requests import Checked
+
+    checked = Checked()
+    values = [PROMPT, ["vanilla", "pld"], 32]
+    result = methods.check_compare(ctx, *values)
+    checked.put(values, result)
+    assert checked.get([PROMPT, ["vanilla", "pld"], 32]) is result
+    assert checked.get([PROMPT, ["vanilla", "lookahead"], 32]) is None
+    assert checked.get([PROMPT, ("vanilla", "pld"), 32]) is None      # another type: not the same values

@@ -5,7 +5,6 @@ the real prompt generator and the real evaluation sets.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 from pathlib import Path
 
@@ -559,9 +558,8 @@ def test_bf16_is_used_for_data_and_loss_only_where_it_is_native(monkeypatch):
     """On a CPU without AMX / AVX512-BF16 torch emulates bf16 (4.5x slower than float32 on an
     AVX2 EPYC): the data stage's target and the loss's LM-head matmuls then stay float32."""
     from app.engine import precision
-    from app.train.cli import native_bf16
 
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
-    assert not native_bf16(argparse.Namespace(device="cpu"))
+    assert not precision.bf16_is_native("cpu")
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
-    assert native_bf16(argparse.Namespace(device="cpu"))
+    assert precision.bf16_is_native("cpu")

@@ -37,6 +37,15 @@ def cpu_has_native_bf16() -> bool:
     return " avx512_bf16" in flags or " amx_bf16" in flags
 
 
+def bf16_is_native(device: str | torch.device | None = "cpu") -> bool:
+    """Whether bfloat16 arithmetic is native on ``device``: a GPU, or a CPU with AMX /
+    AVX512-BF16 (elsewhere torch emulates it, measured 4.5x slower than float32 on an AVX2-only
+    CPU). Training uses bf16 only where this holds."""
+    from app.engine.loading import choose_device
+
+    return choose_device(device).type == "cuda" or cpu_has_native_bf16()
+
+
 def faster_dtype(ms: dict[str, list[float]], min_gain: float = MIN_GAIN) -> str:
     """"bfloat16" if its median time is below float32's by ``min_gain``, else "float32".
     ``ms``: dtype name -> forward times (ms), each list taken interleaved with the other."""

@@ -120,16 +120,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "reference code's depth=5 drafts 6 levels, which is 60/6/10 here)")
 
 
-def native_bf16(args) -> bool:
-    """Whether bfloat16 arithmetic is native where this run computes: a GPU, or a CPU with
-    AMX / AVX512-BF16 (elsewhere torch emulates it, measured 4.5x slower than float32 on an
-    AVX2-only CPU)."""
-    from app.engine.loading import choose_device
-    from app.engine.precision import cpu_has_native_bf16
-
-    return choose_device(getattr(args, "device", "cpu")).type == "cuda" or cpu_has_native_bf16()
-
-
 def default_work_dir(name: str) -> Path:
     from app.engine.loading import cache_dir
 
@@ -226,7 +216,9 @@ def run_data(args, work: Path) -> None:
         if target is None:
             dtype = args.data_dtype
             if dtype == "auto":
-                dtype = "bfloat16" if native_bf16(args) else "float32"
+                from app.engine.precision import bf16_is_native
+
+                dtype = "bfloat16" if bf16_is_native(getattr(args, "device", "cpu")) else "float32"
             target = load_target(args.base_model, device=getattr(args, "device", "cpu"), dtype=dtype)
             tok = target.tokenizer
             pad = tok.pad_token_id if tok.pad_token_id is not None else 0

@@ -455,7 +455,7 @@ def run_training(args, work: Path, out: Path) -> dict:
     """Stage *train* of the CLI: train on every finished feature shard, save the head to ``out``."""
     from app.engine.draft_head import DraftHead, head_config_for
     from app.engine.loading import load_target
-    from app.train.cli import native_bf16
+    from app.engine.precision import bf16_is_native
 
     target = load_target(args.base_model, device=getattr(args, "device", "cpu"), dtype="float32")
     run_dir, paths, holdout = training_shards(args, work)
@@ -465,7 +465,7 @@ def run_training(args, work: Path, out: Path) -> dict:
     torch.manual_seed(args.seed)  # the head's initial weights (nn.Linear's own initialisers)
     head = DraftHead.load(args.init_from) if args.init_from else DraftHead(head_config_for(target.model.config))
     loss_cfg = LossConfig(w_reg=args.w_reg, w_kl=args.w_kl, noise=args.noise, ttt_steps=args.ttt_steps or 1,
-                          lm_head_bf16=not args.fp32_lm_head and native_bf16(args), kl_fraction=args.kl_fraction)
+                          lm_head_bf16=not args.fp32_lm_head and bf16_is_native(getattr(args, "device", "cpu")), kl_fraction=args.kl_fraction)
     cfg = TrainConfig(epochs=args.epochs, batch_tokens=args.batch_tokens, lr=args.lr,
                       weight_decay=args.weight_decay, warmup_steps=args.warmup_steps, clip=args.clip,
                       seed=args.seed, checkpoint_every=args.checkpoint_every, max_minutes=args.train_minutes or None)

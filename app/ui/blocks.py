@@ -485,8 +485,7 @@ def _methods_tab(ctx: AppContext) -> dict:
                 f"{handlers.RACE_CHUNK_TOKENS} tokens each, greedy, every one verified by the same target forward "
                 "and the same acceptance rule, all within the page's node budget (*Tree knobs*). The table under "
                 "the trees puts this machine's ratios beside the published ones.", elem_classes=["caption"])
-    choices = [(f"{name} ({m})" if name != m else m, m) for m in methods.available_methods(ctx)
-               for name in [methods.METHOD_NAMES.get(m, m)]]
+    choices = [(methods.choice_label(m), m) for m in methods.available_methods(ctx)]
     with gr.Row():
         parts = dict(methods_box=gr.CheckboxGroup(choices, value=methods.default_methods(ctx), label="methods",
                                                   elem_id="compare-methods", scale=4),

@@ -424,12 +424,18 @@ def tree_plan(ctx: AppContext, request: Request):
     return start, adapter
 
 
-def _raced(ctx: AppContext, eagle, vanilla):
-    """The records of both runs, interleaved in chunks (``app.ui.race``), run on the engine
-    thread with the thread count chosen for this request (``app.engine.threads``)."""
+def use_request_threads(ctx: AppContext) -> None:
+    """Set the thread count for the request about to run (``app.engine.threads``); on the
+    engine thread, where the probe forward is built at the first request."""
     if ctx.thread_probe is None:
         ctx.thread_probe = engine_probe(ctx.engine)
     ctx.threads.apply(ctx.thread_probe)
+
+
+def _raced(ctx: AppContext, eagle, vanilla):
+    """The records of both runs, interleaved in chunks (``app.ui.race``), run on the engine
+    thread with the thread count chosen for this request."""
+    use_request_threads(ctx)
     yield from interleave(eagle, vanilla, RACE_CHUNK_TOKENS)
 
 

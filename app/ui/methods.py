@@ -20,7 +20,7 @@ from typing import Iterator
 
 from app.engine.config import TreeConfig
 from app.engine.events import StepEvent
-from app.ui.handlers import RACE_CHUNK_TOKENS, _load_average, instructive_step, parse
+from app.ui.handlers import RACE_CHUNK_TOKENS, _load_average, instructive_step, parse, use_request_threads
 from app.ui.pump import BackgroundRun
 from app.ui.race import round_robin
 from app.ui.session import Session
@@ -44,6 +44,12 @@ def available_methods(ctx: AppContext) -> list[str]:
         out += ["static", "dynamic"]
         out += [f"dynamic@{name}" for name in ctx.heads]     # EAGLE-2's tree drafted by another shipped head
     return out
+
+
+def choice_label(method: str) -> str:
+    """The method's checkbox label: its name and, when that differs, its API value."""
+    name = METHOD_NAMES.get(method, method)
+    return method if name == method else f"{name} ({method})"
 
 
 def engine_for(ctx: AppContext, method: str):
@@ -124,11 +130,7 @@ def compare_methods(ctx: AppContext, session: Session, prompt, methods, max_new_
         load0 = _load_average()
 
         def turns():
-            from app.engine.threads import engine_probe
-
-            if ctx.thread_probe is None:
-                ctx.thread_probe = engine_probe(ctx.engine)
-            ctx.threads.apply(ctx.thread_probe)
+            use_request_threads(ctx)
             yield from round_robin(runs, RACE_CHUNK_TOKENS)
 
         run = BackgroundRun(turns(), ctx.engine_thread)

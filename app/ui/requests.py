@@ -136,7 +136,7 @@ class Checked:
     @staticmethod
     def key(values) -> tuple | None:
         try:
-            k = tuple((type(v), v) for v in values)
+            k = tuple((type(v), tuple(v) if isinstance(v, list) else v) for v in values)
             hash(k)
         except TypeError:
             return None
