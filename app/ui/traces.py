@@ -13,14 +13,21 @@ is the prompt's forward). A version 1 trace (no such fields; its step 0 was the 
 still loads: each step's rule and tree are filled in from the trace's settings, once, here.
 
 Loading never trusts the file: a size cap, strict JSON (no NaN / Infinity), and a schema check
-of every field (types, ranges, list lengths, parents before children) before any record is
-built. Nothing in a trace is executed or used as a path; its texts are escaped when drawn.
+of every field before any record is built (pydantic models, strict: types, ranges, list
+lengths, texts that are valid Unicode), then the records' consistency (steps in order, parents
+before children, every step adds a token, at least one step, the summary's tokens those of the
+steps). Every refusal is one short line. Nothing in a trace is executed or used as a path; its
+texts are escaped when drawn.
 """
 from __future__ import annotations
 
+import functools
 import json
-import math
+import os
 from dataclasses import dataclass
+from typing import Annotated, Literal, Optional, Union
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from app.engine.config import MAX_DEPTH, MAX_POOL, MAX_TOTAL_TOKENS, METHODS, SETTINGS
 from app.engine.events import STATUSES, DraftTreeRecord, RunSummary, StepEvent
@@ -33,15 +40,8 @@ MAX_STEPS = 4096
 MAX_TOKEN_ID = 2**31 - 1
 MAX_TEXT = 20_000
 SETTING_KEYS = tuple(s.name for s in SETTINGS)   # a trace's settings: a request's (app.engine.config)
-SETTING_KIND = {s.name: s.kind for s in SETTINGS}
-STEP_KEYS_V1 = {"type", "step", "method", "tree", "accepted", "bonus", "new_tokens", "text",
-                "draft_ms", "verify_ms", "step_ms"}
-STEP_KEYS = STEP_KEYS_V1 | {"rule", "drafter", "tree_config", "prefill"}
 DRAFTERS = ("eagle2", "eagle3", "medusa", "lookahead", "pld")
-TREE_CONFIG_KEYS = {s.name for s in SETTINGS if s.owner == "tree"} | {"ngram", "window", "pool", "q"}   # TreeConfig's settings + drafter knobs
-TREE_KEYS = {"root_token", "tokens", "texts", "parents", "depths", "q", "confidence", "p", "status"}
-SUMMARY_KEYS = {"type", "method", "new_tokens", "seconds", "tokens_per_s", "target_forwards",
-                "mean_accepted", "accepted_by_depth", "token_ids", "text"}
+MESSAGE_CHARS = 200            # a refusal's length at most: nothing of the file is echoed at length
 
 
 class TraceError(ValueError):
@@ -70,95 +70,163 @@ def dumps(trace: dict) -> str:
     return json.dumps(trace, ensure_ascii=False, separators=(",", ":"))
 
 
-# --- validation -------------------------------------------------------------------------------
+# --- validation: the schema (pydantic, strict: no bool for a number, no string for a list) -----
 
-def _fail(where: str, what: str):
-    raise TraceError(f"invalid trace: {where} {what}")
-
-
-def _int(where, v, lo=0, hi=MAX_TOKEN_ID):
-    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-        _fail(where, f"must be an integer in [{lo}, {hi}]")
-    return v
-
-
-def _num(where, v, lo=0.0, hi=math.inf):
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
-        _fail(where, f"must be a finite number in [{lo}, {hi}]")
-    return float(v)
+def _unicode(text: str) -> str:
+    """Refuse lone surrogates ("\\ud800" in JSON): Python keeps them in a str, but they are not
+    Unicode, and every later encoding of the page (UTF-8) would fail on them."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("text is not valid Unicode (a lone surrogate)") from None
+    return text
 
 
-def _str(where, v, cap=MAX_TEXT):
-    if not isinstance(v, str) or len(v) > cap:
-        _fail(where, f"must be a string of at most {cap} characters")
-    return v
+def _text(cap: int):
+    return Annotated[str, Field(max_length=cap), AfterValidator(_unicode)]
 
 
-def _list(where, v, cap):
-    if not isinstance(v, list) or len(v) > cap:
-        _fail(where, f"must be a list of at most {cap} items")
-    return v
+def _number(lo: float, hi: float):
+    return Annotated[float, Field(ge=lo, le=hi, allow_inf_nan=False)]
 
 
-def _keys(where, d, keys):
-    if not isinstance(d, dict):
-        _fail(where, "must be an object")
-    if set(d) != set(keys):
-        missing, extra = sorted(set(keys) - set(d)), sorted(set(d) - set(keys))
-        _fail(where, f"has wrong fields (missing {missing}, unexpected {extra[:5]})")
+def _integer(lo: int, hi: int):
+    return Annotated[int, Field(ge=lo, le=hi)]
 
 
-def _tree(where, t) -> DraftTreeRecord:
-    _keys(where, t, TREE_KEYS)
-    n = len(_list(f"{where}.tokens", t["tokens"], MAX_TOTAL_TOKENS))
-    for name in ("texts", "parents", "depths", "q", "confidence", "status"):
-        if len(_list(f"{where}.{name}", t[name], MAX_TOTAL_TOKENS)) != n:
-            _fail(f"{where}.{name}", f"must have {n} entries like tokens")
-    if t["p"] is not None and len(_list(f"{where}.p", t["p"], MAX_TOTAL_TOKENS)) != n:
-        _fail(f"{where}.p", f"must be null or have {n} entries")
-    for i in range(n):
-        _int(f"{where}.tokens[{i}]", t["tokens"][i])
-        _str(f"{where}.texts[{i}]", t["texts"][i], 200)
-        parent = _int(f"{where}.parents[{i}]", t["parents"][i], -1, i - 1)   # parents come first
-        depth = _int(f"{where}.depths[{i}]", t["depths"][i], 1, MAX_DEPTH)
-        if depth != (1 if parent < 0 else t["depths"][parent] + 1):
-            _fail(f"{where}.depths[{i}]", "must be its parent's depth + 1")
-        _num(f"{where}.q[{i}]", t["q"][i], 0.0, 1.0)
-        _num(f"{where}.confidence[{i}]", t["confidence"][i], 0.0, 1.0)
-        if t["p"] is not None:
-            _num(f"{where}.p[{i}]", t["p"][i], 0.0, 1.0)
-        if t["status"][i] not in STATUSES:
-            _fail(f"{where}.status[{i}]", f"must be one of {', '.join(STATUSES)}")
-    _int(f"{where}.root_token", t["root_token"])
-    return DraftTreeRecord(root_token=t["root_token"], tokens=list(t["tokens"]), texts=list(t["texts"]),
-                           parents=list(t["parents"]), depths=list(t["depths"]),
-                           q=[float(x) for x in t["q"]], confidence=[float(x) for x in t["confidence"]],
-                           p=None if t["p"] is None else [float(x) for x in t["p"]], status=list(t["status"]))
+TokenId = _integer(0, MAX_TOKEN_ID)
+Prob = _number(0.0, 1.0)
+Ms = _number(0.0, 1e7)
+Methods = Literal[METHODS]
+NODES = dict(max_length=MAX_TOTAL_TOKENS)
 
 
-def _tree_config(where, c) -> dict | None:
-    if c is None:
-        return None
-    if not isinstance(c, dict) or not set(c) <= TREE_CONFIG_KEYS or "method" not in c:
-        _fail(where, f"must be null or an object with a method and fields among {', '.join(sorted(TREE_CONFIG_KEYS))}")
-    if c["method"] not in METHODS:
-        _fail(f"{where}.method", f"must be one of {', '.join(METHODS)}")
-    out = {"method": c["method"]}
-    for s in SETTINGS:
-        if s.name in c and s.name != "method":
-            check = _int if s.kind == "int" else _num
-            out[s.name] = check(f"{where}.{s.name}", c[s.name], s.lo, s.hi)
-    for k in ("ngram", "window", "pool"):          # pld / lookahead knobs
-        if k in c:
-            out[k] = _int(f"{where}.{k}", c[k], 1, MAX_POOL)
-    if "q" in c:                                   # what the nodes' q means when it is not a probability
-        if c["q"] != "count":
-            _fail(f"{where}.q", "must be \"count\" (or absent: q is the drafter's probability)")
-        out["q"] = "count"
-    return out
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
 
-def _v1_fields(d, settings) -> dict:
+class _Tree(_Strict):
+    root_token: TokenId
+    tokens: list[TokenId] = Field(**NODES)
+    texts: list[_text(200)] = Field(**NODES)
+    parents: list[_integer(-1, MAX_TOTAL_TOKENS)] = Field(**NODES)
+    depths: list[_integer(1, MAX_DEPTH)] = Field(**NODES)
+    q: list[Prob] = Field(**NODES)
+    confidence: list[Prob] = Field(**NODES)
+    p: Optional[list[Prob]] = Field(**NODES)
+    status: list[Literal[STATUSES]] = Field(**NODES)
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        n = len(self.tokens)
+        for name in ("texts", "parents", "depths", "q", "confidence", "status", "p"):
+            if getattr(self, name) is not None and len(getattr(self, name)) != n:
+                raise ValueError(f"{name} must have {n} entries like tokens")
+        for i, (parent, depth) in enumerate(zip(self.parents, self.depths)):
+            if parent >= i:
+                raise ValueError(f"parents[{i}] must come before its node")
+            if depth != (1 if parent < 0 else self.depths[parent] + 1):
+                raise ValueError(f"depths[{i}] must be its parent's depth + 1")
+        return self
+
+
+_TreeConfig = create_model(
+    "_TreeConfig", __base__=_Strict, method=(Methods, ...),
+    **{s.name: (Optional[_integer(int(s.lo), int(s.hi)) if s.kind == "int" else _number(s.lo, s.hi)], None)
+       for s in SETTINGS if s.owner == "tree" and s.name != "method"},
+    **{k: (Optional[_integer(1, MAX_POOL)], None) for k in ("ngram", "window", "pool")},   # pld / lookahead knobs
+    q=(Optional[Literal["count"]], None))          # what the nodes' q means when not the drafter's probability
+
+
+class _StepV1(_Strict):
+    type: Literal["step"]
+    step: _integer(0, MAX_STEPS)
+    method: Methods
+    tree: Optional[_Tree]
+    accepted: list[TokenId] = Field(max_length=MAX_DEPTH)
+    bonus: TokenId
+    new_tokens: list[TokenId] = Field(min_length=1, max_length=MAX_DEPTH + 1)   # every step adds a token
+    text: _text(4000)
+    draft_ms: Ms
+    verify_ms: Ms
+    step_ms: Ms
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        k = len(self.accepted)
+        if self.new_tokens[:k] != self.accepted or len(self.new_tokens) > k + 1:
+            raise ValueError("new_tokens must be the accepted tokens followed by at most the bonus token")
+        return self
+
+
+class _Step(_StepV1):
+    rule: Literal[RULES]
+    drafter: Optional[Literal[DRAFTERS]]
+    tree_config: Optional[_TreeConfig]
+    prefill: bool
+
+
+class _Summary(_Strict):
+    type: Literal["summary"]
+    method: Methods
+    new_tokens: TokenId
+    seconds: Ms
+    tokens_per_s: _number(0.0, 1e9)
+    target_forwards: _integer(0, MAX_STEPS)
+    mean_accepted: _number(0.0, MAX_DEPTH + 1)
+    accepted_by_depth: list[Prob] = Field(max_length=MAX_DEPTH)
+    token_ids: list[TokenId] = Field(max_length=MAX_STEPS * (MAX_DEPTH + 1))
+    text: _text(MAX_STEPS * 200)
+
+
+def _setting_type(s):
+    if s.name == "prompt":
+        return _text(MAX_TEXT)
+    if s.name == "method":
+        return Methods
+    if s.kind == "bool":
+        return bool
+    return Union[_integer(0, 2**63), _number(0, 2**63)]
+
+
+_Settings = create_model("_Settings", __base__=_Strict, **{s.name: (Optional[_setting_type(s)], None) for s in SETTINGS})
+
+
+class _Envelope(_Strict):
+    format: Literal[FORMAT]
+    version: Literal[VERSIONS]
+    settings: _Settings
+    model: dict[_text(40), _text(200)] = Field(max_length=8)
+    records: list[dict] = Field(min_length=2, max_length=MAX_STEPS + 1)   # at least one step, then the summary
+    vanilla: Optional[list[dict]] = Field(min_length=2, max_length=MAX_STEPS + 1)
+
+
+def _short(text: str, cap: int = MESSAGE_CHARS) -> str:
+    return text if len(text) <= cap else text[: cap - 1] + "…"
+
+
+def _refusal(where: str, exc: ValidationError) -> TraceError:
+    """One short line from pydantic's errors: the first one's place and message (never the
+    input), and how many more there are."""
+    errors = exc.errors(include_input=False, include_url=False, include_context=False)
+    first = errors[0]
+    place = "".join(f"[{p}]" if isinstance(p, int) else f".{_short(str(p), 40)}" for p in first["loc"]
+                    if not str(p).startswith(("constrained-", "function-", "literal[", "list[", "dict[")))
+    msg = first["msg"].removeprefix("Value error, ")
+    more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
+    return TraceError(_short(f"invalid trace: {where}{place}: {msg}") + more)
+
+
+def _check(model, where: str, data):
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise _refusal(where, exc) from None
+
+
+# --- from validated models to the engine's records -------------------------------------------
+
+def _v1_fields(d: _StepV1, settings) -> dict:
     """rule / drafter / tree_config of a version 1 step, from the trace's settings (the
     engine's own rule, ``verify.rule_for``)."""
     from app.engine.config import SamplingConfig, TreeConfig
@@ -167,66 +235,41 @@ def _v1_fields(d, settings) -> dict:
     try:
         sampling = SamplingConfig(temperature=float(settings.get("temperature", 0.0)))
         tree = TreeConfig(**{k: settings[k] for k in ("method", "depth", "top_k", "total_tokens") if k in settings})
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return {"rule": GREEDY, "drafter": None, "tree_config": None, "prefill": False}
-    uses_tree = d.get("tree") is not None
+    uses_tree = d.tree is not None
     return {"rule": rule_for(tree if uses_tree else None, sampling), "drafter": "eagle2" if uses_tree else None,
             "tree_config": tree.shape() if uses_tree else None, "prefill": False}
 
 
-def _step(where, d, index, version=VERSION, settings=None) -> StepEvent:
+def _step(where: str, d: dict, index: int, version: int, settings: dict) -> StepEvent:
     if version == 1:
-        _keys(where, d, STEP_KEYS_V1)
-        d = {**d, **_v1_fields(d, settings or {})}
-    _keys(where, d, STEP_KEYS)
-    if d["type"] != "step":
-        _fail(f"{where}.type", "must be 'step'")
-    if _int(f"{where}.step", d["step"], 0, MAX_STEPS) != index:
-        _fail(f"{where}.step", f"must be {index} (steps in order)")
-    if d["method"] not in METHODS:
-        _fail(f"{where}.method", f"must be one of {', '.join(METHODS)}")
-    tree = None if d["tree"] is None else _tree(f"{where}.tree", d["tree"])
-    accepted = [_int(f"{where}.accepted[]", x) for x in _list(f"{where}.accepted", d["accepted"], MAX_DEPTH)]
-    new = [_int(f"{where}.new_tokens[]", x) for x in _list(f"{where}.new_tokens", d["new_tokens"], MAX_DEPTH + 1)]
-    if new[: len(accepted)] != accepted or len(new) > len(accepted) + 1:
-        _fail(f"{where}.new_tokens", "must be the accepted tokens followed by at most the bonus token")
-    if d["rule"] not in RULES:
-        _fail(f"{where}.rule", f"must be one of {', '.join(RULES)}")
-    if d["drafter"] is not None and d["drafter"] not in DRAFTERS:
-        _fail(f"{where}.drafter", f"must be null or one of {', '.join(DRAFTERS)}")
-    if not isinstance(d["prefill"], bool):
-        _fail(f"{where}.prefill", "must be true or false")
-    return StepEvent(step=index, method=d["method"], tree=tree, accepted=accepted,
-                     bonus=_int(f"{where}.bonus", d["bonus"]), new_tokens=new,
-                     text=_str(f"{where}.text", d["text"], 4000), rule=d["rule"], drafter=d["drafter"],
-                     tree_config=_tree_config(f"{where}.tree_config", d["tree_config"]), prefill=d["prefill"],
-                     draft_ms=_num(f"{where}.draft_ms", d["draft_ms"], 0, 1e7),
-                     verify_ms=_num(f"{where}.verify_ms", d["verify_ms"], 0, 1e7),
-                     step_ms=_num(f"{where}.step_ms", d["step_ms"], 0, 1e7))
+        old = _check(_StepV1, where, d)
+        d = {**old.model_dump(), **_v1_fields(old, settings)}
+    m = _check(_Step, where, d)
+    if m.step != index:
+        raise TraceError(f"invalid trace: {where}.step must be {index} (steps in order)")
+    t = m.tree
+    tree = None if t is None else DraftTreeRecord(
+        root_token=t.root_token, tokens=list(t.tokens), texts=list(t.texts), parents=list(t.parents),
+        depths=list(t.depths), q=list(t.q), confidence=list(t.confidence),
+        p=None if t.p is None else list(t.p), status=list(t.status))
+    return StepEvent(step=index, method=m.method, tree=tree, accepted=list(m.accepted), bonus=m.bonus,
+                     new_tokens=list(m.new_tokens), text=m.text, rule=m.rule, drafter=m.drafter,
+                     tree_config=None if m.tree_config is None else m.tree_config.model_dump(exclude_none=True),
+                     prefill=m.prefill, draft_ms=m.draft_ms, verify_ms=m.verify_ms, step_ms=m.step_ms)
 
 
-def _summary(where, d) -> RunSummary:
-    _keys(where, d, SUMMARY_KEYS)
-    if d["type"] != "summary" or d["method"] not in METHODS:
-        _fail(where, "must be a summary record with a known method")
-    ids = _list(f"{where}.token_ids", d["token_ids"], MAX_STEPS * (MAX_DEPTH + 1))
-    return RunSummary(method=d["method"], new_tokens=_int(f"{where}.new_tokens", d["new_tokens"]),
-                      seconds=_num(f"{where}.seconds", d["seconds"], 0, 1e7),
-                      tokens_per_s=_num(f"{where}.tokens_per_s", d["tokens_per_s"], 0, 1e9),
-                      target_forwards=_int(f"{where}.target_forwards", d["target_forwards"], 0, MAX_STEPS),
-                      mean_accepted=_num(f"{where}.mean_accepted", d["mean_accepted"], 0, MAX_DEPTH + 1),
-                      accepted_by_depth=[_num(f"{where}.accepted_by_depth[]", x, 0, 1) for x in
-                                         _list(f"{where}.accepted_by_depth", d["accepted_by_depth"], MAX_DEPTH)],
-                      token_ids=[_int(f"{where}.token_ids[]", x) for x in ids],
-                      text=_str(f"{where}.text", d["text"], MAX_STEPS * 200))
-
-
-def _run(where, records, version=VERSION, settings=None) -> tuple[list[StepEvent], RunSummary]:
-    _list(where, records, MAX_STEPS + 1)
-    if not records:
-        _fail(where, "must hold the step records and a summary")
+def _run(where: str, records: list, version: int, settings: dict) -> tuple[list[StepEvent], RunSummary]:
     steps = [_step(f"{where}[{i}]", r, i, version, settings) for i, r in enumerate(records[:-1])]
-    return steps, _summary(f"{where}[-1]", records[-1])
+    s = _check(_Summary, f"{where}[-1]", records[-1])
+    emitted = [t for step in steps for t in step.new_tokens]
+    if version >= 2 and (s.token_ids != emitted or s.new_tokens != len(emitted)):
+        raise TraceError(f"invalid trace: {where}[-1] must sum up the steps (its token_ids are the steps' new_tokens)")
+    summary = RunSummary(method=s.method, new_tokens=s.new_tokens, seconds=s.seconds, tokens_per_s=s.tokens_per_s,
+                         target_forwards=s.target_forwards, mean_accepted=s.mean_accepted,
+                         accepted_by_depth=list(s.accepted_by_depth), token_ids=list(s.token_ids), text=s.text)
+    return steps, summary
 
 
 def _reject_constant(name):
@@ -234,7 +277,7 @@ def _reject_constant(name):
 
 
 def parse_trace(data: bytes | str, max_bytes: int = 4_000_000) -> Trace:
-    """Validate and load a trace; raise TraceError with a readable message otherwise."""
+    """Validate and load a trace; raise TraceError with a short readable message otherwise."""
     if len(data) > max_bytes:
         raise TraceError(f"trace is {len(data)} bytes; the limit is {max_bytes} bytes")
     try:
@@ -245,31 +288,31 @@ def parse_trace(data: bytes | str, max_bytes: int = 4_000_000) -> Trace:
         raise TraceError(f"not a JSON file ({type(exc).__name__})") from None
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
         raise TraceError(f"not an EAGLE Lens trace (expected \"format\": \"{FORMAT}\")")
-    _keys("trace", obj, ("format", "version", "settings", "model", "records", "vanilla"))
-    version = obj["version"]
-    if isinstance(version, bool) or version not in VERSIONS:
-        _fail("version", f"must be one of {', '.join(map(str, VERSIONS))}")
-    settings = obj["settings"]
-    if not isinstance(settings, dict) or not set(settings) <= set(SETTING_KEYS):
-        _fail("settings", f"must be an object with fields among {', '.join(SETTING_KEYS)}")
-    for k, v in settings.items():
-        if k == "prompt":
-            _str("settings.prompt", v)
-        elif k == "method":
-            if v not in METHODS:
-                _fail("settings.method", f"must be one of {', '.join(METHODS)}")
-        elif SETTING_KIND[k] == "bool":
-            if not isinstance(v, bool):
-                _fail(f"settings.{k}", "must be true or false")
-        else:
-            _num(f"settings.{k}", v, 0, 2**63)
-    model = obj["model"]
-    if not isinstance(model, dict) or len(model) > 8:
-        _fail("model", "must be an object with at most 8 fields")
-    model = {_str("model key", k, 40): _str(f"model.{k}", v, 200) for k, v in model.items()}
-    steps, summary = _run("records", obj["records"], version, settings)
+    env = _check(_Envelope, "trace", obj)
+    settings = env.settings.model_dump(exclude_none=True)
+    steps, summary = _run("records", env.records, env.version, settings)
     vanilla_steps = vanilla_summary = None
-    if obj["vanilla"] is not None:
-        vanilla_steps, vanilla_summary = _run("vanilla", obj["vanilla"], version, {**settings, "method": "vanilla"})
-    return Trace(settings=settings, model=model, steps=steps, summary=summary,
+    if env.vanilla is not None:
+        vanilla_steps, vanilla_summary = _run("vanilla", env.vanilla, env.version, {**settings, "method": "vanilla"})
+    return Trace(settings=settings, model=dict(env.model), steps=steps, summary=summary,
                  vanilla_steps=vanilla_steps, vanilla_summary=vanilla_summary)
+
+
+def load_shipped(path: str, max_bytes: int = 4_000_000) -> Trace:
+    """A shipped trace, parsed once per version of the file and shared by every session that
+    shows it (its records are never changed once loaded)."""
+    st = os.stat(path)
+    return _load_shipped(path, st.st_mtime_ns, st.st_size, max_bytes)
+
+
+@functools.lru_cache(maxsize=32)
+def _load_shipped(path: str, mtime_ns: int, size: int, max_bytes: int) -> Trace:
+    with open(path, "rb") as f:
+        return parse_trace(f.read(), max_bytes)
+
+
+def trace_bytes(trace: Trace) -> int:
+    """The memory a session showing ``trace`` holds in its records (``limits.session_bytes``)."""
+    from app.ui.limits import records_bytes
+
+    return records_bytes(trace.steps) + (records_bytes(trace.vanilla_steps) if trace.vanilla_steps else 0)
