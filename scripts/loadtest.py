@@ -184,8 +184,8 @@ def raw_join(http, url: str, fn_index: int, data: list, session_hash: str, clien
              answer: list | None = None) -> int:
     """One queue join as any script can send it (no page, no gradio_client): the HTTP status
     (its body's text is appended to ``answer``). ``client`` travels as X-Forwarded-For, which
-    the server honours from a loopback peer (as from a Space's proxy): one machine can play
-    many visitors."""
+    the server honours from a trusted proxy (EAGLE_LENS_TRUSTED_PROXIES=127.0.0.1, as the
+    servers this script starts have): one machine can play many visitors."""
     headers = {"X-Forwarded-For": client} if client else {}
     r = http.post(url.rstrip("/") + "/gradio_api/queue/join", headers=headers, timeout=60,
                   json={"data": data, "fn_index": fn_index, "session_hash": session_hash,
@@ -399,8 +399,9 @@ def spawned_server(env: dict | None = None, timeout: float = 600):
     import httpx
 
     port = free_port()
+    # this script plays many visitors through X-Forwarded-For from loopback: trust that proxy only
     full_env = {**os.environ, "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port),
-                "GRADIO_ANALYTICS_ENABLED": "False", **(env or {})}
+                "GRADIO_ANALYTICS_ENABLED": "False", "EAGLE_LENS_TRUSTED_PROXIES": "127.0.0.1", **(env or {})}
     proc = subprocess.Popen([sys.executable, os.path.join(REPO, "app.py")], cwd=REPO, env=full_env)
     url = f"http://127.0.0.1:{port}/"
     try:

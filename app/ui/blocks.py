@@ -28,7 +28,7 @@ from pathlib import Path
 import gradio as gr
 
 from app.engine.config import SETTING, SETTINGS, Setting, TreeConfig
-from app.ui import handlers, limits, methods
+from app.ui import handlers, limits, methods, traces
 from app.ui.explain import EXAMPLES, HOW_IT_WORKS, HOW_IT_WORKS_VIEWS, TOUR_STEPS, WHAT_IS_THIS, header_markdown
 from app.ui.requests import (AUTO_PRESET, CUSTOM_PRESET, METHOD_KNOBS, SETTING_NAMES, SWEEP_KNOBS, TREE_KNOBS,
                               TREE_PRESETS, Checked, preset_of, tree_preset)
@@ -688,20 +688,37 @@ def wire_replay_and_traces(demo: gr.Blocks, c: Components, ctx: AppContext, demo
     def replay(session: Session, index: float):
         return _once(lambda: handlers.replay_view(session, index), REPLAY_VIEWS)
 
-    def loaded(fn) -> tuple:
+    def loaded(session: Session, fn) -> tuple:
+        """A trace's view; a trace that cannot be shown leaves the session as it was and says
+        why in one short line (never a traceback, never a half-replaced page)."""
         with page_errors():
-            view = fn()
+            try:
+                with session.kept_on_error():
+                    view = fn()
+            except ValueError:
+                raise
+            except Exception as exc:  # noqa: BLE001 — a view the validation did not foresee
+                raise ValueError(f"this trace cannot be shown ({type(exc).__name__})") from None
         return _outputs(view, RUN_VIEWS) + restore_outputs(view, ctx)
 
-    def load_trace(session: Session, path):
-        return loaded(lambda: handlers.load_trace_file(ctx, session, path))
+    def load_trace(session: Session, path, request: gr.Request):
+        def show():
+            trace = handlers.read_trace_file(ctx, path)
+            # its records must fit this address's share and the server's budget (limits)
+            limits.admit_records(demo.server_app, getattr(request, "session_hash", None), traces.trace_bytes(trace))
+            return handlers.show_trace(session, trace, "uploaded trace")
+        return loaded(session, show)
 
     def load_demo(session: Session, name: str):
-        return loaded(lambda: handlers.load_demo(ctx, session, demos, name))
+        def show():
+            view = handlers.load_demo(ctx, session, demos, name)
+            session.records_shared = True        # a shipped trace's records: one copy for every session
+            return view
+        return loaded(session, show)
 
     def first_demo(session: Session):
         """On page load: show the first shipped trace, so a visitor sees a demo at once."""
-        return load_demo(session, next(iter(demos))) if demos else loaded(dict)
+        return load_demo(session, next(iter(demos))) if demos else loaded(session, dict)
 
     slider = c.outputs["slider"]
     slider.input(replay, [c.session, slider], c.views(REPLAY_VIEWS), api_name="replay",
@@ -754,7 +771,7 @@ def build_demo(ctx: AppContext, demos: dict[str, str] | None = None) -> gr.Block
     with gr.Blocks(title="EAGLE Lens", delete_cache=(3600, 3600)) as demo:
         wire(demo, build_layout(ctx, demos), ctx, demos)
     demo.queue(max_size=ctx.config.queue_size, default_concurrency_limit=4)
-    limits.bound_queue_joins(demo._queue)   # the cap holds for joins that arrive together
+    limits.bound_queue_joins(demo._queue, ctx.config.public_limits)   # the cap holds for joins together, per client
     calm_queue_polling(demo)
     return demo
 

@@ -645,8 +645,7 @@ def load_demo(ctx: AppContext, session: Session, demos: dict, name) -> dict:
     """A shipped trace, chosen by name from the server's own list (never a path from the page)."""
     if not isinstance(name, str) or name not in demos:
         raise ValueError(f"unknown demo trace {shown(name)}")
-    with open(demos[name], "rb") as f:
-        trace = traces.parse_trace(f.read(), ctx.config.trace_max_bytes)
+    trace = traces.load_shipped(demos[name], ctx.config.trace_max_bytes)   # parsed once, shared by every session
     return show_trace(session, trace, name)
 
 

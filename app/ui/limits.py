@@ -53,6 +53,7 @@ class PublicLimits:
     session_bytes_max: int = 256 * MiB      # their runs' records together (estimate: ``session_bytes``)
     sessions_per_client: int = 64           # beyond: the client's own least recent idle session goes, else 429
     new_sessions_per_minute: int = 60       # per client (a classroom behind one address); more get 429
+    session_bytes_per_client: int = 64 * MiB  # one address's sessions together; beyond, new sessions and trace loads are refused
     idle_s: float = 300.0                   # unused this long: evictable when the server is full
     # paused step-mode runs (each holds a KV cache)
     paused_idle_s: float = 600.0            # ended after this long without a Step
@@ -61,7 +62,13 @@ class PublicLimits:
     upload_types: tuple = (".json",)
     uploads_per_minute: int = 20            # per client
     upload_disk_max: int = 512 * MiB        # uploads + traces on disk; oldest pruned, then refused
-    # connections
+    # the queue
+    queued_per_client: int = 2              # an address's events waiting for one worker (the engine's) at once
+    # requests and connections
+    body_bytes_max: int = 1 * MiB           # any request but an upload: refused (413) before it is parsed
+    streams_per_client: int = 128           # open event streams and heartbeats of one address
+    unknown_polls_per_minute: int = 30      # polls for sessions the queue does not know, per address (then 429)
+    trusted_proxies: str = ""               # "" none; "N": N proxy hops; "a, b/24": the proxies' addresses
     header_timeout_s: float = 10.0          # a request's head must arrive within this
     body_timeout_s: float = 120.0           # ... and its body within this
     reap_every_s: float = 1.0
@@ -72,22 +79,51 @@ class PublicLimits:
 CLIENT: contextvars.ContextVar[str | None] = contextvars.ContextVar("eagle_lens_client", default=None)
 
 
-def client_of(scope) -> str | None:
-    """The client's address. Behind a proxy on this host or a private network (a Space's),
-    the last X-Forwarded-For entry: the one that proxy added, which a client cannot forge (an
-    entry it sends itself comes before it). Anyone else is known by their own address."""
-    peer = (scope.get("client") or (None,))[0]
+def trusted_proxies(spec: str) -> tuple[int, tuple]:
+    """(hops, networks) of a ``trusted_proxies`` setting: "" trusts no proxy, "N" the last N
+    hops whatever their address (a platform's proxies that every request passes through),
+    "10.0.0.1, 10.1.0.0/16" the peers with these addresses (and X-Forwarded-For entries they
+    added). ValueError for anything else."""
+    spec = (spec or "").strip()
+    if not spec:
+        return 0, ()
+    if spec.isdigit():
+        if not 0 <= int(spec) <= 8:
+            raise ValueError(f"trusted_proxies: at most 8 hops, got {spec}")
+        return int(spec), ()
     try:
-        proxied = peer is not None and (ipaddress.ip_address(peer).is_private or ipaddress.ip_address(peer).is_loopback)
+        return 0, tuple(ipaddress.ip_network(part.strip(), strict=False) for part in spec.split(",") if part.strip())
     except ValueError:
-        proxied = False
-    if proxied:
-        for name, value in scope.get("headers") or ():
-            if name == b"x-forwarded-for":
-                last = value.decode("latin-1").split(",")[-1].strip()
-                if last:
-                    return last
-    return peer
+        raise ValueError(f"trusted_proxies must be a hop count or a list of addresses / networks, got {spec[:80]!r}") from None
+
+
+def _in(address: str | None, networks) -> bool:
+    try:
+        ip = ipaddress.ip_address(address)
+    except (TypeError, ValueError):
+        return False
+    return any(ip in net for net in networks)
+
+
+def client_of(scope, trusted: tuple[int, tuple] = (0, ())) -> str | None:
+    """The client's address: the peer's own, unless the peer is a trusted proxy (``trusted``,
+    from ``trusted_proxies``); then the X-Forwarded-For entry that the outermost trusted proxy
+    added. Entries a client sends itself come before those, so they cannot be forged."""
+    peer = (scope.get("client") or (None,))[0]
+    hops, networks = trusted
+    if not hops and not (networks and _in(peer, networks)):
+        return peer
+    entries = []
+    for name, value in scope.get("headers") or ():
+        if name == b"x-forwarded-for":
+            entries += [e.strip() for e in value.decode("latin-1").split(",")]
+    entries = [e[:64] for e in entries if e]
+    if hops:                                  # the entry the outermost of ``hops`` proxies added
+        return entries[-hops] if len(entries) >= hops else peer
+    for entry in reversed(entries):           # walk back over the trusted proxies
+        if not _in(entry, networks):
+            return entry
+    return entries[0] if entries else peer
 
 
 class RateLimit:
@@ -115,8 +151,9 @@ class RateLimit:
             return True
 
 
-class Refused(Exception):
-    """A request this server will not take now; ``status`` is its HTTP status."""
+class Refused(ValueError):
+    """A request this server will not take now; ``status`` is its HTTP status. A ValueError,
+    so that inside an event the page shows its message."""
 
     def __init__(self, status: int, message: str):
         super().__init__(message)
@@ -128,20 +165,25 @@ class Refused(Exception):
 def session_bytes(session) -> int:
     """An estimate of the memory a visitor's ``Session`` holds in step records: per step ~600
     bytes, per draft-tree node ~450 (nine Python lists of boxed numbers and a short text), and
-    the texts. Cached per step count, so it costs nothing between runs."""
+    the texts. A shipped demo's records are shared by every session showing it (parsed once)
+    and count nothing. Cached per step count, so it costs nothing between runs."""
     from app.ui.session import Session
 
     if not isinstance(session, Session):
         return 0
     runs = [session.steps] + ([session.race_vanilla.steps] if session.race_vanilla is not None else [])
-    key = tuple(len(r) for r in runs) + (id(session.steps),)
+    key = tuple(len(r) for r in runs) + (id(session.steps), session.records_shared)
     if session._bytes_key != key:
-        total = 0
-        for steps in runs:
-            for s in steps:
-                total += 600 + len(s.text) + (450 * len(s.tree) + sum(map(len, s.tree.texts)) if s.tree else 0)
-        session._bytes_key, session._bytes = key, total
+        session._bytes_key, session._bytes = key, 0 if session.records_shared else sum(map(records_bytes, runs))
     return session._bytes
+
+
+def records_bytes(steps) -> int:
+    """``session_bytes``' estimate for one run's step records."""
+    total = 0
+    for s in steps:
+        total += 600 + len(s.text) + (450 * len(s.tree) + sum(map(len, s.tree.texts)) if s.tree else 0)
+    return total
 
 
 def _sessions_in(state) -> list:
@@ -166,6 +208,7 @@ def _state_holder_class():
             self.owner: dict[str, str | None] = {}
             self.refused = 0
             self.evicted = 0
+            self.released = True
             self._bytes_checked = 0.0
             if old is not None:       # keep what the server already holds
                 self.session_data, self.time_last_used = old.session_data, old.time_last_used
@@ -204,6 +247,7 @@ def _state_holder_class():
                     raise Refused(429, f"too many new sessions from this address (at most "
                                        f"{self.limits.new_sessions_per_minute} a minute): wait a minute")
                 now = datetime.datetime.now()
+                self._fit_records(client, 0, now)
                 own = [s for s in self.session_data if self.owner.get(s) == client] if client else []
                 if client is not None and len(own) >= self.limits.sessions_per_client:
                     victim = next((s for s in own if self._idle(s, now)), None)   # the client's own
@@ -220,11 +264,57 @@ def _state_holder_class():
                     self._evict(victim)
                 self.owner[sid] = client
 
+        def _sizes(self) -> dict:
+            return {sid: sum(session_bytes(s) for s in _sessions_in(st)) for sid, st in self.session_data.items()}
+
+        def _fit_records(self, client: str | None, nbytes: int, now, keep: str | None = None) -> None:
+            """Make room for ``nbytes`` more of run records from ``client`` (session ``keep``'s
+            records are about to be replaced: they do not count) by evicting idle sessions, the
+            client's own first; Refused (429: this address's share; 503: the server's) when
+            active sessions alone leave no room. Lock held."""
+            sizes = self._sizes()
+            if keep is not None:
+                sizes[keep] = 0
+            limits = self.limits
+            if client is not None:
+                own = [s for s in self.session_data if self.owner.get(s) == client]
+                held = sum(sizes[s] for s in own)
+                for sid in own:
+                    if held + nbytes <= limits.session_bytes_per_client or held == 0:
+                        break
+                    if sid != keep and sizes[sid] and self._idle(sid, now):
+                        self._evict(sid)
+                        held -= sizes.pop(sid)
+                if held and held + nbytes > limits.session_bytes_per_client:
+                    self.refused += 1
+                    raise Refused(429, f"the runs open from this address hold {held / MiB:.1f} MiB (at most "
+                                       f"{limits.session_bytes_per_client / MiB:.1f} MiB together): close a tab or "
+                                       f"try again in a few minutes")
+            total = sum(sizes.values())
+            for sid in list(self.session_data):                # least recently used first
+                if total + nbytes <= limits.session_bytes_max:
+                    break
+                if sid != keep and sizes.get(sid) and self._idle(sid, now):
+                    self._evict(sid)
+                    total -= sizes.pop(sid)
+            if total + nbytes > limits.session_bytes_max:
+                self.refused += 1
+                raise Refused(503, f"the server's memory for runs is full ({limits.session_bytes_max / MiB:.1f} MiB "
+                                   f"held by visitors using it now): try again in a few minutes")
+
+        def admit_records(self, sid: str, nbytes: int) -> None:
+            """Before session ``sid`` takes a run of ``nbytes`` (a loaded trace): room within
+            its address's share and the server's budget, or Refused."""
+            import datetime
+
+            with self.lock:
+                self._fit_records(self.owner.get(sid), nbytes, datetime.datetime.now(), keep=sid)
+
         def _fit_bytes(self, keep: str) -> None:
             import datetime
 
             with self.lock:
-                sizes = {sid: sum(session_bytes(s) for s in _sessions_in(st)) for sid, st in self.session_data.items()}
+                sizes = self._sizes()
                 total = sum(sizes.values())
                 now = datetime.datetime.now()
                 for sid in list(self.session_data):          # least recently used first
@@ -242,8 +332,30 @@ def _state_holder_class():
             self.owner.pop(sid, None)
             for session in _sessions_in(state):
                 session.close()
+            self.released = False            # the reaper hands the freed memory back (release_memory)
 
     return BoundedStateHolder
+
+
+def admit_records(app, session_hash: str | None, nbytes: int) -> None:
+    """Refused unless the session ``session_hash`` of ``app`` may take ``nbytes`` more of run
+    records (``BoundedStateHolder.admit_records``); nothing to check without the bounded store."""
+    holder = getattr(app, "state_holder", None)
+    if session_hash and hasattr(holder, "admit_records"):
+        holder.admit_records(session_hash, nbytes)
+
+
+def release_memory() -> None:
+    """Hand memory freed by ended sessions back to the system: a full collection, then glibc's
+    ``malloc_trim`` (Python's small-object arenas and glibc keep freed pages otherwise, and
+    the process's RSS stays at its peak)."""
+    import ctypes
+    import ctypes.util
+    import gc
+
+    gc.collect()
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
 
 
 def install_state_holder(app, blocks, limits: PublicLimits):
@@ -357,38 +469,81 @@ class PausedRuns:
 
 # --- the queue ----------------------------------------------------------------------------------
 
-def bound_queue_joins(queue) -> None:
-    """Make Gradio's queue cap hold for joins that arrive together.
+def bound_queue_joins(queue, limits: PublicLimits | None = None) -> None:
+    """Make Gradio's queue cap hold for joins that arrive together, and give each client a
+    share of it.
 
     ``Queue.push`` checks ``len(queue) >= max_size``, then awaits the event's validator, and
     only then appends the event: every join that arrives while a validator runs passes the
     same check (40 simultaneous joins: 37-40 accepted against a cap of 32). Here a join
     reserves its place before the first await (the event loop runs one coroutine at a time,
     so check and reservation are atomic) and the cap counts the reservations too.
+
+    A client (``CLIENT``, set by ``LimitsMiddleware`` for the join's request) may have at most
+    ``limits.queued_per_client`` events waiting for the same worker (its reservations
+    included): one visitor's runs cannot fill the queue ahead of everyone else.
     """
     push = queue.push
     pending = [0]
+    per_client = limits.queued_per_client if limits is not None else None
+    reserved: dict = defaultdict(int)          # (client, concurrency id) -> joins being validated
+
+    def waiting(client, concurrency_id) -> int:
+        q = queue.event_queue_per_concurrency_id.get(concurrency_id)
+        events = q.queue if q is not None else ()
+        return sum(getattr(e, "eagle_lens_client", None) == client for e in events) + reserved[(client, concurrency_id)]
 
     async def bounded_push(body, request, username):
         if queue.max_size is not None and len(queue) + pending[0] >= queue.max_size:
             return False, f"Queue is full. Max size is {queue.max_size}.", "queue_full"
+        client = CLIENT.get()
+        key = None
+        if per_client is not None and client is not None:
+            try:
+                from gradio import route_utils
+
+                concurrency_id = route_utils.get_fn(queue.blocks, None, body).concurrency_id
+            except Exception:  # noqa: BLE001 — an unknown fn: Gradio's own push answers it
+                concurrency_id = None
+            if concurrency_id is not None:
+                if waiting(client, concurrency_id) >= per_client:
+                    return (False, f"You already have {per_client} runs waiting: wait for them to finish (a "
+                                   f"visitor may queue at most {per_client}).", "queue_full")
+                key = (client, concurrency_id)
+                reserved[key] += 1
         pending[0] += 1
         try:
-            return await push(body, request, username)
+            ok, event_id, kind = await push(body, request, username)
+            event = queue.event_ids_to_events.get(event_id) if ok and isinstance(event_id, str) else None
+            if event is not None:
+                event.eagle_lens_client = client
+            return ok, event_id, kind
         finally:
             pending[0] -= 1
+            if key is not None:
+                reserved[key] -= 1
+                if not reserved[key]:
+                    del reserved[key]
 
     queue.push = bounded_push
 
 
 # --- uploads --------------------------------------------------------------------------------------
 
+UPLOAD_FOLDER = "eagle-lens-uploads"      # the app's own, inside Gradio's temporary folder
+TRACE_PREFIX = "eagle-lens-trace-"       # the traces written for download (handlers.write_trace)
+
+
 def disk_usage(folders) -> list[tuple[float, int, str]]:
-    """(mtime, size, path) of every file under ``folders``."""
+    """(mtime, size, path) of every file under ``folders``, each a folder or (folder, name
+    prefix): only the files whose name starts with the prefix."""
     files = []
     for folder in folders:
+        folder, prefix = folder if isinstance(folder, tuple) else (folder, "")
         for root, _, names in os.walk(folder):
             for name in names:
+                if not name.startswith(prefix):
+                    continue
                 path = os.path.join(root, name)
                 with contextlib.suppress(OSError):
                     st = os.stat(path)
@@ -398,7 +553,8 @@ def disk_usage(folders) -> list[tuple[float, int, str]]:
 
 def make_room(folders, budget: int, min_age_s: float = 60.0) -> bool:
     """Delete the oldest files (each older than ``min_age_s``: a trace just written for a
-    download stays) until the folders hold at most ``budget`` bytes; True if they then do."""
+    download stays) until the folders hold at most ``budget`` bytes; True if they then do.
+    Only files under ``folders`` (``disk_usage``) are counted and deleted."""
     files = sorted(disk_usage(folders))
     total = sum(size for _, size, _ in files)
     cutoff = time.time() - min_age_s
@@ -412,29 +568,109 @@ def make_room(folders, budget: int, min_age_s: float = 60.0) -> bool:
     return total <= budget
 
 
+def own_upload_folder(app) -> str:
+    """Point Gradio's uploads at the app's own folder (inside Gradio's temporary folder, where
+    Gradio allows files to be read from), so that pruning it never touches another app's
+    files or Gradio's cached copies of downloads."""
+    from gradio.utils import get_upload_folder
+
+    folder = os.path.join(get_upload_folder(), UPLOAD_FOLDER)
+    os.makedirs(folder, exist_ok=True)
+    app.uploaded_file_dir = folder
+    return folder
+
+
+def _is_stream(path: str) -> bool:
+    return path.rstrip("/").endswith("/queue/data") or "/heartbeat/" in path
+
+
 class LimitsMiddleware:
     """ASGI middleware: sets ``CLIENT`` for the request, answers ``Refused`` with its status,
-    and bounds uploads (Gradio's ``/upload`` takes any file type, and keeps it an hour)."""
+    caps every request's body before it is parsed, caps each client's open streams, answers
+    polls for unknown sessions briefly (rate-limited), and bounds uploads (Gradio's
+    ``/upload`` takes any file type, and keeps it an hour)."""
 
     def __init__(self, app, limits: PublicLimits, max_file_bytes: int, trace_dirs=()):
         self.app, self.limits = app, limits
         self.max_request_bytes = max_file_bytes + 64 * 1024       # one file and its multipart framing
         self.trace_dirs = tuple(trace_dirs)
         self.uploads = RateLimit(limits.uploads_per_minute)
+        self.unknown_polls = RateLimit(limits.unknown_polls_per_minute)
+        self.trusted = trusted_proxies(limits.trusted_proxies)
+        self.streams: dict = defaultdict(int)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        token = CLIENT.set(client_of(scope))
+        token = CLIENT.set(client_of(scope, self.trusted))
         try:
-            if scope["method"] == "POST" and scope["path"].rstrip("/").endswith("/upload"):
+            path = scope["path"].rstrip("/")
+            if scope["method"] == "POST" and path.endswith("/upload"):
                 await self._upload(scope, receive, send)
+            elif scope["method"] in ("POST", "PUT", "PATCH"):
+                await self._bounded_body(scope, receive, send)
+            elif _is_stream(path):
+                await self._stream(scope, receive, send)
             else:
                 await self.app(scope, receive, send)
         except Refused as exc:
             await _reply(send, exc.status, str(exc))
         finally:
             CLIENT.reset(token)
+
+    async def _bounded_body(self, scope, receive, send):
+        """Read the whole body (at most ``body_bytes_max``) before the app sees any of it: a
+        larger one is refused with 413 without being parsed or kept."""
+        cap = self.limits.body_bytes_max
+        length = dict(scope.get("headers") or ()).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > cap):
+            raise Refused(413, f"a request body may be at most {cap} bytes")
+        messages, size = [], 0
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request":
+                break
+            size += len(message.get("body", b""))
+            if size > cap:
+                raise Refused(413, f"a request body may be at most {cap} bytes")
+            if not message.get("more_body", False):
+                break
+        replay = iter(messages)
+
+        async def buffered_receive():
+            return next(replay, None) or await receive()
+
+        await self.app(scope, buffered_receive, send)
+
+    async def _stream(self, scope, receive, send):
+        client = CLIENT.get()
+        if scope["path"].rstrip("/").endswith("/queue/data") and not self._known_session(scope):
+            if not self.unknown_polls.allow(client):
+                raise Refused(429, "too many polls for unknown sessions from this address: wait a minute")
+            raise Refused(404, "unknown session: join the queue first")
+        if client is not None and self.streams[client] >= self.limits.streams_per_client:
+            raise Refused(429, f"too many open connections from this address (at most "
+                               f"{self.limits.streams_per_client})")
+        self.streams[client] += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.streams[client] -= 1
+            if not self.streams[client]:
+                del self.streams[client]
+
+    @staticmethod
+    def _known_session(scope) -> bool:
+        from urllib.parse import parse_qs
+
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        session_hash = (query.get("session_hash") or [""])[0]
+        try:
+            queue = scope["app"].get_blocks()._queue
+            return session_hash in queue.pending_messages_per_session
+        except Exception:  # noqa: BLE001 — not a Gradio app we know: let it answer
+            return True
 
     async def _upload(self, scope, receive, send):
         headers = dict(scope.get("headers") or ())
@@ -443,8 +679,8 @@ class LimitsMiddleware:
             raise Refused(413, f"an upload may be at most {self.max_request_bytes} bytes")
         if not self.uploads.allow(CLIENT.get()):
             raise Refused(429, f"too many uploads from this address (at most {self.limits.uploads_per_minute} a minute)")
-        folders = [scope["app"].uploaded_file_dir, *self.trace_dirs]
-        if not await asyncio.to_thread(make_room, [f for f in folders if os.path.isdir(f)],
+        folders = [scope["app"].uploaded_file_dir, *((d, TRACE_PREFIX) for d in self.trace_dirs)]
+        if not await asyncio.to_thread(make_room, [f for f in folders if os.path.isdir(f if isinstance(f, str) else f[0])],
                                        self.limits.upload_disk_max - self.max_request_bytes):
             raise Refused(507, "the server's upload space is full: try again later")
 
@@ -549,14 +785,27 @@ def app_kwargs(config, trace_dirs=()) -> dict:
     @contextlib.asynccontextmanager
     async def lifespan(app):
         blocks = app.get_blocks()
-        install_state_holder(app, blocks, limits)
-        reaper = asyncio.get_running_loop().create_task(
-            reap_slow_connections(lambda: getattr(blocks, "server", None), limits))
+        holder = install_state_holder(app, blocks, limits)
+        own_upload_folder(app)
+        loop = asyncio.get_running_loop()
+        reaper = loop.create_task(reap_slow_connections(lambda: getattr(blocks, "server", None), limits))
+        releaser = loop.create_task(_release_after_evictions(holder, limits))
         try:
             yield
         finally:
             reaper.cancel()
+            releaser.cancel()
 
     return {"middleware": [Middleware(LimitsMiddleware, limits=limits, max_file_bytes=config.trace_max_bytes,
                                       trace_dirs=trace_dirs)],
             "lifespan": lifespan}
+
+
+async def _release_after_evictions(holder, limits: PublicLimits) -> None:
+    """After sessions were evicted, hand their memory back (``release_memory``, off the loop)."""
+    while True:
+        await asyncio.sleep(max(limits.reap_every_s, 1.0))
+        if not holder.released:
+            holder.released = True
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(release_memory)

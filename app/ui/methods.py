@@ -83,7 +83,7 @@ def check_compare(ctx: AppContext, prompt, methods, max_new_tokens) -> tuple:
         raise ValueError(f"methods must be among {', '.join(choices)} on this server, got {', '.join(unknown)}")
     methods = [m for m in choices if m in methods]   # the page's order, each once
     if not MIN_METHODS <= len(methods) <= MAX_METHODS:
-        raise ValueError(f"methods: choose {MIN_METHODS} to {MAX_METHODS} methods, got {len(methods)}")
+        raise ValueError(f"methods must be {MIN_METHODS} to {MAX_METHODS} methods, got {len(methods)}")
     request = parse(ctx, {"prompt": prompt, "method": "vanilla", "max_new_tokens": max_new_tokens,
                           "temperature": 0.0})
     ids = ctx.engine.encode_prompt(request.prompt)

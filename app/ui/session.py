@@ -56,6 +56,7 @@ class Session:
     stop_requested: bool = False                      # Stop was pressed; that handler ends at its next update
     expired: str = ""                                 # why the server ended this visitor's paused run (limits.PausedRuns)
     _bytes_key: tuple = ()                            # limits.session_bytes' cache: its estimate of the records held
+    records_shared: bool = False                      # the records are a shipped demo's, shared by every session
     _bytes: int = 0
 
     def start(self, settings: dict, model: dict, source: str = "live") -> None:
@@ -65,8 +66,23 @@ class Session:
         self.steps, self.summary, self.race_vanilla, self.app_seconds = [], None, None, None
         self.load, self.parting, self.adapter, self.expired = None, None, None, ""
         self.run_id += 1
+        self.records_shared = False
 
     @contextmanager
+    @contextmanager
+    def kept_on_error(self):
+        """Put back what the session showed if the block fails (a trace that cannot be shown
+        must not leave the visitor's page half-replaced); the paused run, if any, is kept."""
+        before = dict(self.__dict__)
+        stepper = self.stepper
+        try:
+            yield
+        except BaseException:
+            self.__dict__.update(before)
+            if stepper is not None and before.get("stepper") is stepper and getattr(stepper, "gi_frame", 1) is None:
+                self.stepper, self.stepper_request = None, None     # it was closed meanwhile: nothing to resume
+            raise
+
     def running(self):
         """Mark a handler as running for this visitor; Stop waits for it to end (``wait_idle``)."""
         self.busy, self.stop_requested = True, False

@@ -15,6 +15,9 @@ a visitor cannot make the server load a model or raise a cap:
     EAGLE_LENS_AUTO_TREE       1 (default): size the default EAGLE-2 tree for this machine at
                                start-up (app.engine.autotune; measured once, then cached); 0: the
                                engine's fixed defaults
+    EAGLE_LENS_TRUSTED_PROXIES whose X-Forwarded-For names the client: "0" nobody's (the
+                               default), "N" the last N proxy hops, or "10.0.0.1, 10.1.0.0/16"
+                               those peers; on a Hugging Face Space (SPACE_ID set) the default is 1
 
 If the draft head is missing the app still starts: vanilla decoding and trace replay work,
 and the page says why EAGLE methods are off. It never falls back to a random head.
@@ -30,6 +33,16 @@ from app.engine.threads import ThreadGovernor
 from app.ui.engine_thread import EngineThread
 from app.ui.limits import PausedRuns, PublicLimits
 from app.viz.safe import md_code
+
+
+def _trusted_proxies_env() -> str:
+    """EAGLE_LENS_TRUSTED_PROXIES, checked now (a typo fails at start, not per request); on a
+    Space, where every request passes the platform's proxy, 1 hop unless set."""
+    from app.ui.limits import trusted_proxies
+
+    spec = os.environ.get("EAGLE_LENS_TRUSTED_PROXIES") or ("1" if os.environ.get("SPACE_ID") else "")
+    trusted_proxies(spec)
+    return spec
 
 
 def _env_int(name: str, default: int) -> int:
@@ -96,7 +109,8 @@ class ServerConfig:
                    max_prompt_chars=_env_int("EAGLE_LENS_MAX_PROMPT", 2000),
                    queue_size=_env_int("EAGLE_LENS_QUEUE", 32),
                    auto_tree=_env_flag("EAGLE_LENS_AUTO_TREE", True),
-                   update_interval_s=_env_seconds("EAGLE_LENS_UPDATE_S"))
+                   update_interval_s=_env_seconds("EAGLE_LENS_UPDATE_S"),
+                   public_limits=PublicLimits(trusted_proxies=_trusted_proxies_env()))
 
     @property
     def limits(self) -> GenerationLimits:
