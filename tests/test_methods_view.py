@@ -72,8 +72,10 @@ def test_every_method_decodes_the_prompt_losslessly_in_turns(ctx):
     views = list(methods.compare_methods(ctx, Session(), PROMPT, chosen, 48))
     final = views[-1]
     assert final["methods_status"].startswith("done: 4 methods")
-    table = final["methods_table"].splitlines()
+    table = [line for line in final["methods_table"].splitlines() if line.startswith("|")]
     rows = {line.split(" | ")[0].strip("| "): line for line in table[2:]}
+    # the ratios carry their chunk range, and the note says which differences are noise
+    assert "run-to-run noise" in final["methods_table"]
     assert set(rows) == {METHOD_NAMES[m] for m in chosen}
     for m in ("pld", "medusa", "dynamic"):
         assert rows[METHOD_NAMES[m]].rstrip(" |").endswith("yes"), rows[METHOD_NAMES[m]]   # = vanilla's output
@@ -86,7 +88,8 @@ def test_every_method_decodes_the_prompt_losslessly_in_turns(ctx):
     lit = final["methods_literature"]
     assert all(METHOD_NAMES[m] in lit for m in LITERATURE)
     assert lit.count("not run") == len(LITERATURE) - len(chosen)
-    assert lit.count("×**") == len(chosen)
+    here = [line.rstrip(" |").rsplit("|", 1)[1] for line in lit.splitlines()[2:]]
+    assert sum("×" in cell for cell in here) == len(chosen)
     # while running, the table shows what is not finished yet
     assert any("…" in v["methods_table"] for v in views[:-1])
 

@@ -36,13 +36,14 @@ def test_tree_figure_draws_every_status(run):
     nodes = next(t for t in fig.data if t.name == "nodes")
     drawn = list(nodes.customdata)
     assert sorted(drawn) == list(range(len(tree)))
-    assert (nodes.marker.cmin, nodes.marker.cmax) == (0.0, 1.0) and nodes.marker.colorbar is not None
-    # the fill is the confidence for EVERY node, rejected and unreached ones included
-    assert list(nodes.marker.color) == pytest.approx([tree.confidence[i] for i in drawn])
+    assert (nodes.marker.cmin, nodes.marker.cmax) == (-3.0, 0.0) and nodes.marker.colorbar is not None
+    # the fill is the node's own q (log scale) for EVERY node, rejected and unreached ones included
+    from app.viz.tree import q_colour
+    assert list(nodes.marker.color) == pytest.approx([q_colour(tree.q[i]) for i in drawn])
     assert nodes.marker.opacity == 1.0
     for j, i in enumerate(drawn):
         status = tree.status[i]
-        assert f"status: {status}" in nodes.hovertext[j] and "q (draft)" in nodes.hovertext[j] and "p (target)" in nodes.hovertext[j]
+        assert f"status: {status}" in nodes.hovertext[j] and "q (the head's probability" in nodes.hovertext[j] and "p (the target's probability" in nodes.hovertext[j]
         symbol, size, outline, width, _ = tree_view.NODE_STYLE[status]
         assert (nodes.marker.symbol[j], nodes.marker.line.color[j]) == (symbol, outline)
     green = next(t for t in fig.data if t.name == "accepted edges")
@@ -143,10 +144,11 @@ def test_phase_account_names_the_three_phases(run):
 
 def test_tree_size_figure_and_text_show_autotunes_choice():
     """The tab "Tree size for this machine": the measured cost curve as measured, every
-    candidate drawn once, the star on the argmax, and the text naming the chosen tree, its
+    candidate drawn once, the star on the chosen tree (the smallest within noise of the
+    argmax), and the text naming that same tree, its
     predicted speedup and the candidates best first."""
     from app.engine.autotune import choose_from
-    from app.viz.autotune import choice_figure, choice_markdown
+    from app.viz.autotune import choice_figure, choice_markdown, chosen_candidate
     from tests.test_autotune import CPU, big_tree_calibration
 
     choice = choose_from(CPU, big_tree_calibration()).to_dict()
@@ -155,7 +157,8 @@ def test_tree_size_figure_and_text_show_autotunes_choice():
     assert list(fig.data[0].x) == CPU.sizes and list(fig.data[0].y) == CPU.ms
     star = next(t for t in fig.data if t.name.startswith("chosen"))
     best = max(choice["candidates"], key=lambda c: c["tokens_per_s"])
-    assert (star.x[0], star.y[0]) == (best["total_tokens"], best["tokens_per_s"])
+    chosen = chosen_candidate(choice)
+    assert (star.x[0], star.y[0]) == (chosen["total_tokens"], chosen["tokens_per_s"])
     drawn = sum(len(t.x) for t in fig.data[1:] if t is not star)
     assert drawn == len(choice["candidates"])
     text = choice_markdown(choice)

@@ -50,7 +50,7 @@ ENGINE = "engine"   # the concurrency id shared by every event that runs the mod
 # output order never changes.)
 RUN_VIEWS = ("status", "stream", "tree", "speedup", "race", "slider", "phases", "depth", "calibration", "per_step",
              "trace_file", "mask", "mask_caption", "kv", "kv_caption", "ab_trees", "ab", "ab_caption")
-REPLAY_VIEWS = ("stream", "tree", "phases", "mask", "mask_caption", "kv", "kv_caption", "ab_trees")
+REPLAY_VIEWS = ("stream", "tree", "phases", "mask", "mask_caption", "kv", "kv_caption", "ab_trees", "status")
 PLAY_VIEWS = REPLAY_VIEWS + ("slider",)
 EXPLORE_VIEWS = ("explorer_plot", "explorer_status")
 COMPARE_VIEWS = ("ab", "ab_trees", "ab_caption")

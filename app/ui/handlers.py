@@ -33,7 +33,7 @@ from app.ui.settings import AppContext
 from app.viz.insights import calibration_figure, depth_figure, explorer_figure, tokens_per_step_figure
 from app.viz.compare import ab_caption, ab_figure, ab_trees_figure
 from app.viz.phases import decoding_total, phase_account, step_number, tree_shape
-from app.viz.race import race_figure, speedup, speedup_with_spread
+from app.viz.race import RaceSpeedup, race_figure, race_speedup
 from app.viz.safe import md_code
 from app.viz.stream import stream_html
 from app.viz.tree import tree_figure
@@ -146,6 +146,27 @@ def _measure_parting(ctx: AppContext, session: Session) -> None:
     session.parting = {"index": first, "p1": p1, "p2": p2}
 
 
+def session_race(session: Session) -> RaceSpeedup | None:
+    """The run's speedup over the vanilla run raced with it (``race_speedup``): the one number
+    behind the headline, its range, the status line and the A/B comparison."""
+    v = session.race_vanilla
+    if session.summary is None or v is None or session.summary.method == "vanilla":
+        return None
+    return race_speedup(session.steps, v.steps, RACE_CHUNK_TOKENS)
+
+
+def speedup_headline(session: Session) -> str:
+    """One short line for the stage (beside the tree): the speedup with its range, τ."""
+    s = session.summary
+    if s is None:
+        return ""
+    race = session_race(session)
+    if s.method == "vanilla":
+        return "vanilla: the baseline (1.00×)"
+    speed = f"**{race.text()}** vanilla" if race is not None else "no vanilla raced"
+    return f"Speedup {speed}, τ = {s.mean_accepted:.2f} tokens per target forward (details under the answer)"
+
+
 def speedup_text(session: Session) -> str:
     if session.summary is None:
         return ""
@@ -157,7 +178,8 @@ def speedup_text(session: Session) -> str:
     v = session.race_vanilla
     if v is None:
         return head + " — no vanilla run to compare with."
-    ratio_text = speedup_with_spread(session.steps, v.steps, RACE_CHUNK_TOKENS) or "n/a"
+    race = session_race(session)
+    ratio_text = race.text() if race is not None else "n/a"
     why = speedup_decomposition(session.steps, v.steps)
     load = getattr(session, "load", None) or [None, None]
     conditions = (f" Machine load average {load[0]:.2f} → {load[1]:.2f} during the run; vanilla ran alongside, "
@@ -208,13 +230,28 @@ def instructive_step(steps: list[StepEvent]) -> int:
     return max(mixed, key=lambda i: (len(steps[i].accepted), len(steps[i].tree), -i))
 
 
+def run_status(session: Session, index: int | None) -> str:
+    """The status line of a finished run showing step ``index``: what the run is
+    (``session.status_base``, set by ``final_view``), the step shown, and the speedup headline
+    (``speedup_headline``). The slider's moves redraw it, so it never names another step."""
+    base = getattr(session, "status_base", "")
+    steps = session.steps
+    if not steps or index is None:
+        return base
+    shown = "the prefill" if steps[index].prefill else \
+        f"step {step_number(steps, index)} of {decoding_total(steps)}"
+    headline = speedup_headline(session)
+    return f"{base} Showing {shown}." + (f"\n\n{headline}" if headline else "")
+
+
 def final_view(session: Session, status: str, index: int | None = None) -> dict:
     """Everything about a finished run (live or loaded from a trace), showing step ``index``
     (default: the last)."""
     steps = session.steps
     last = max(len(steps) - 1, 0)
     index = last if index is None else min(max(index, 0), last)
-    view = {"status": status,
+    session.status_base = status
+    view = {"status": run_status(session, index if steps else None),
             "stream": stream_html(steps, highlight=index if index != last else None),
             **step_view(session, index if steps else None, decoding_total(steps)),
             "speedup": speedup_text(session),
@@ -236,7 +273,10 @@ def replay_view(session: Session, index) -> dict:
             isinstance(index, float) and not math.isfinite(index)):
         raise ValueError(f"step must be a number, got {shown(index)}")
     i = min(max(int(index), 0), len(steps) - 1)
-    return {"stream": stream_html(steps, upto=i, highlight=i), **step_view(session, i, decoding_total(steps))}
+    view = {"stream": stream_html(steps, upto=i, highlight=i), **step_view(session, i, decoding_total(steps))}
+    if session.summary is not None and getattr(session, "status_base", None) is not None:
+        view["status"] = run_status(session, i)    # the status follows the slider
+    return view
 
 
 def play_step(session: Session, index) -> tuple[dict, bool]:
@@ -271,7 +311,8 @@ def pin(session: Session) -> dict:
     v = session.race_vanilla
     session.pinned = PinnedRun(run_id=session.run_id, label=run_label(session.settings, "A"),
                                settings=dict(session.settings), steps=tuple(session.steps), summary=session.summary,
-                               vanilla_tokens_per_s=v.summary.tokens_per_s if v else None)
+                               vanilla_tokens_per_s=v.summary.tokens_per_s if v else None,
+                               race=session_race(session))
     return {"ab_caption": f"**Pinned {session.pinned.label}.** Now change a setting and Generate, or load another "
                           "demo: that run becomes B and is compared with A here.",
             "ab": None, "ab_trees": None}
@@ -289,14 +330,18 @@ def compare_view(session: Session, index: int | None = None) -> dict:
                 "ab": None, "ab_trees": None}
     b_label = run_label(session.settings, "B")
     v = session.race_vanilla
-    vanilla = v.summary.tokens_per_s if v else a.vanilla_tokens_per_s
+    # each run against its own vanilla: never A's tokens/s over B's vanilla
+    vanillas = (a.vanilla_tokens_per_s, v.summary.tokens_per_s if v else None)
+    races = (a.race, session_race(session))
+    sizes = tuple(None if s.get("method") == "vanilla" or s.get("adapt") else s.get("total_tokens")
+                  for s in (a.settings, session.settings))
     index = len(session.steps) - 1 if index is None else index
     a_step = a.steps[index] if index < len(a.steps) else None
     return {"ab": ab_figure(list(a.steps), a.summary, session.steps, session.summary, labels=(a.label, b_label),
-                            vanilla_tokens_per_s=vanilla),
+                            vanilla_tokens_per_s=vanillas, races=races),
             "ab_trees": ab_trees_figure(a_step, session.steps[index], labels=(a.label, b_label)),
-            "ab_caption": ab_caption(a.summary, session.summary, labels=(a.label, b_label),
-                                     vanilla_tokens_per_s=vanilla)}
+            "ab_caption": ab_caption(a.summary, session.summary, labels=(a.label, b_label), races=races,
+                                     sizes=sizes)}
 
 
 # --- running the engine ----------------------------------------------------------------------
@@ -607,7 +652,21 @@ def write_trace(session: Session) -> str | None:
     return path
 
 
-def show_trace(session: Session, trace: traces.Trace, name: str) -> dict:
+def recorded_where(model: dict, live: dict | None) -> str:
+    """Where and how a trace was recorded, against what this server runs (a demo's speeds are
+    the recording machine's, not this one's)."""
+    device = {"cpu": "a CPU", "cuda": "a GPU", "mps": "an Apple GPU"}.get(str(model.get("device", "")), "")
+    parts = [p for p in (md_code(model["target"], 60) if model.get("target") else "",
+                         f"on {device}" if device else "",
+                         f"in {md_code(model['dtype'], 20)}" if model.get("dtype") else "") if p]
+    text = "recorded " + " ".join(parts) if parts else "recorded elsewhere"
+    if live and live.get("dtype") and (live.get("dtype") != model.get("dtype") or live.get("device") != model.get("device")):
+        text += (f"; this server runs {live.get('dtype')} on its {str(live.get('device', '')).upper()}: "
+                 "its speeds are the recording machine's")
+    return text
+
+
+def show_trace(session: Session, trace: traces.Trace, name: str, live: dict | None = None) -> dict:
     """Put a validated trace on screen as if it had just run, opened on an instructive step
     (``instructive_step``). The view's "settings" are the trace's settings and "race" whether
     it raced vanilla, for the page to restore into its controls (Generate then reproduces it)."""
@@ -616,12 +675,12 @@ def show_trace(session: Session, trace: traces.Trace, name: str) -> dict:
     if trace.vanilla_steps is not None:
         session.race_vanilla = VanillaRun(("trace", name), list(trace.vanilla_steps), trace.vanilla_summary)
     # the trace's model note is the uploader's text: shown as code, never as Markdown
-    where = ", ".join(f"{md_code(k, 40)} {md_code(v)}" for k, v in trace.model.items() if v)
+    known = {"target", "device", "dtype", "head"}
+    extra = ", ".join(f"{md_code(k, 40)} {md_code(v)}" for k, v in trace.model.items() if v and k not in known)
+    where = recorded_where(trace.model, live) + (f"; {extra}" if extra else "")
     index = instructive_step(session.steps)
-    shown_step = (f"the prefill" if session.steps[index].prefill else
-                  f"step {step_number(session.steps, index)} of {decoding_total(session.steps)}")
-    view = final_view(session, f"replaying {md_code(name)} ({where}) — no model involved. Showing {shown_step}: "
-                               "drag the slider or press ▶ to play.", index=index)
+    view = final_view(session, f"replaying {md_code(name)} ({where}) — no model involved; drag the slider or "
+                               "press ▶ to play.", index=index)
     return {**view, "settings": dict(trace.settings), "race_on": trace.vanilla_steps is not None}
 
 
@@ -638,7 +697,7 @@ def read_trace_file(ctx: AppContext, path) -> traces.Trace:
 
 
 def load_trace_file(ctx: AppContext, session: Session, path) -> dict:
-    return show_trace(session, read_trace_file(ctx, path), "uploaded trace")
+    return show_trace(session, read_trace_file(ctx, path), "uploaded trace", _live_model(ctx))
 
 
 def load_demo(ctx: AppContext, session: Session, demos: dict, name) -> dict:
@@ -646,7 +705,11 @@ def load_demo(ctx: AppContext, session: Session, demos: dict, name) -> dict:
     if not isinstance(name, str) or name not in demos:
         raise ValueError(f"unknown demo trace {shown(name)}")
     trace = traces.load_shipped(demos[name], ctx.config.trace_max_bytes)   # parsed once, shared by every session
-    return show_trace(session, trace, name)
+    return show_trace(session, trace, name, _live_model(ctx))
+
+
+def _live_model(ctx: AppContext) -> dict | None:
+    return _model_info(ctx) if getattr(ctx, "engine", None) is not None else None
 
 
 # --- threshold explorer ----------------------------------------------------------------------

@@ -112,8 +112,8 @@ def methods_view(steps: dict[str, list[StepEvent]], summaries: dict, status: str
     return {"methods_status": status,
             "methods_race": methods_race_figure(steps),
             "methods_trees": trees_side_by_side(panels, revision="methods-trees") if panels else None,
-            "methods_table": methods_table(summaries, drafted),
-            "methods_literature": literature_table(summaries)}
+            "methods_table": methods_table(summaries, drafted, steps),
+            "methods_literature": literature_table(summaries, steps)}
 
 
 def compare_methods(ctx: AppContext, session: Session, prompt, methods, max_new_tokens=DEFAULT_TOKENS,

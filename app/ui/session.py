@@ -31,6 +31,7 @@ class PinnedRun:
     steps: tuple
     summary: RunSummary
     vanilla_tokens_per_s: float | None
+    race: object | None = None     # its speedup over its own vanilla (``app.viz.race.RaceSpeedup``), if raced
 
 
 @dataclass

@@ -20,15 +20,25 @@ from app.viz.tree import COLORBAR_PX, MARGIN, tree_axes, tree_height, tree_trace
 AB_COLOURS = ("#7c3aed", "#ea580c")   # run A, run B
 
 
+def _pair(value) -> tuple:
+    """(A's, B's) from a pair, or the same value for both."""
+    return tuple(value) if isinstance(value, (tuple, list)) else (value, value)
+
+
 def ab_figure(a_steps: list[StepEvent], a_summary: RunSummary, b_steps: list[StepEvent], b_summary: RunSummary,
-              labels: tuple[str, str] = ("A", "B"), vanilla_tokens_per_s: float | None = None,
+              labels: tuple[str, str] = ("A", "B"), vanilla_tokens_per_s=None, races=(None, None),
               height: int = 300) -> go.Figure:
-    """Three panels: acceptance rate by depth (grouped bars), tau, tokens/s (+ vanilla line)."""
+    """Three panels: acceptance rate by depth (grouped bars), tau, tokens/s. Each run is set
+    against its *own* vanilla: ``vanilla_tokens_per_s`` is (A's, B's) (a dashed line each),
+    ``races`` their ``RaceSpeedup`` (the ratio printed on the bar, the same number as that
+    run's headline)."""
+    vanillas, races = _pair(vanilla_tokens_per_s), _pair(races)
     fig = make_subplots(rows=1, cols=3, column_widths=[0.5, 0.25, 0.25], horizontal_spacing=0.08,
                         subplot_titles=("acceptance rate by depth", "τ: tokens per target forward",
                                         "tokens/s (decoding)"))
-    runs = ((labels[0], a_steps, a_summary, AB_COLOURS[0]), (labels[1], b_steps, b_summary, AB_COLOURS[1]))
-    for name, steps, summary, colour in runs:
+    runs = ((labels[0], a_steps, a_summary, AB_COLOURS[0], races[0]),
+            (labels[1], b_steps, b_summary, AB_COLOURS[1], races[1]))
+    for name, steps, summary, colour, race in runs:
         rates = acceptance_by_depth(steps)
         fig.add_trace(go.Bar(x=list(range(1, len(rates) + 1)), y=rates, name=name, marker_color=colour,
                              legendgroup=name, hovertemplate=f"{name}, depth %{{x}}: %{{y:.0%}} accepted<extra></extra>"),
@@ -36,21 +46,23 @@ def ab_figure(a_steps: list[StepEvent], a_summary: RunSummary, b_steps: list[Ste
         fig.add_trace(go.Bar(x=[name], y=[summary.mean_accepted], marker_color=colour, showlegend=False,
                              legendgroup=name, text=[f"{summary.mean_accepted:.2f}"], textposition="outside",
                              hovertemplate=f"{name}: τ = %{{y:.2f}} tokens per forward<extra></extra>"), row=1, col=2)
-        speedup = (f" ×{summary.tokens_per_s / vanilla_tokens_per_s:.2f}"
-                   if vanilla_tokens_per_s else "")
+        speedup = f" ×{race.total:.2f}" if race is not None else ""
         fig.add_trace(go.Bar(x=[name], y=[summary.tokens_per_s], marker_color=colour, showlegend=False,
                              legendgroup=name, text=[f"{summary.tokens_per_s:.0f}{speedup}"], textposition="outside",
-                             hovertemplate=f"{name}: %{{y:.1f}} tokens/s{speedup} vs vanilla<extra></extra>"),
+                             hovertemplate=f"{name}: %{{y:.1f}} tokens/s{speedup} vs its own vanilla<extra></extra>"),
                       row=1, col=3)
     fig.add_hline(y=1.0, line=dict(color=style.VANILLA, dash="dot", width=1.5), row=1, col=2,
                   annotation_text="vanilla: 1", annotation_position="bottom right", annotation_font_size=10,
                   annotation_bgcolor="rgba(255,255,255,0.85)")
-    if vanilla_tokens_per_s:
-        fig.add_hline(y=vanilla_tokens_per_s, line=dict(color=style.VANILLA, dash="dash", width=2), row=1, col=3,
-                      annotation_text=f"vanilla {vanilla_tokens_per_s:.0f}", annotation_position="bottom right",
-                      annotation_font_size=10, annotation_bgcolor="rgba(255,255,255,0.85)")
+    same = vanillas[0] and vanillas[1] and abs(vanillas[0] - vanillas[1]) <= 0.01 * max(vanillas)
+    for letter, v in zip(("A", "B"), vanillas):
+        if v and not (same and letter == "B"):
+            fig.add_hline(y=v, line=dict(color=style.VANILLA, dash="dash", width=2), row=1, col=3,
+                          annotation_text=f"vanilla {v:.0f}" if same else f"{letter}'s vanilla {v:.0f}",
+                          annotation_position="bottom right" if letter == "A" else "top right",
+                          annotation_font_size=10, annotation_bgcolor="rgba(255,255,255,0.85)")
     top_tau = max(a_summary.mean_accepted, b_summary.mean_accepted, 1.0)
-    top_tps = max(a_summary.tokens_per_s, b_summary.tokens_per_s, vanilla_tokens_per_s or 0.0)
+    top_tps = max(a_summary.tokens_per_s, b_summary.tokens_per_s, *(v or 0.0 for v in vanillas))
     fig.update_layout(style.BASE_LAYOUT, height=height, barmode="group", uirevision="ab",
                       legend=dict(orientation="h", x=0.5, xanchor="center", y=-0.22, yanchor="top"),
                       margin=dict(l=44, r=20, t=40, b=70))
@@ -114,15 +126,38 @@ def trees_side_by_side(panels: list[tuple[str, StepEvent | None]], fold: bool | 
     return style.fast_figure(data, layout)
 
 
+TAU_SAME = 0.005   # τ printed to two decimals: closer than this reads as equal
+
+
 def ab_caption(a_summary: RunSummary, b_summary: RunSummary, labels: tuple[str, str] = ("A", "B"),
-               vanilla_tokens_per_s: float | None = None) -> str:
-    """One line: which run accepted more per forward, and which was faster."""
-    (na, nb) = labels
-    text = (f"{na}: τ = {a_summary.mean_accepted:.2f} tokens per target forward, {a_summary.tokens_per_s:.1f} tokens/s; "
-            f"{nb}: τ = {b_summary.mean_accepted:.2f}, {b_summary.tokens_per_s:.1f} tokens/s.")
-    if vanilla_tokens_per_s:
-        text += (f" Vanilla: {vanilla_tokens_per_s:.1f} tokens/s (×{a_summary.tokens_per_s / vanilla_tokens_per_s:.2f} "
-                 f"and ×{b_summary.tokens_per_s / vanilla_tokens_per_s:.2f}).")
-    text += (" A bigger tree accepts more per forward, but each forward costs more: tokens/s, not τ, says which "
-             "tree pays on this machine.")
+               races=(None, None), sizes=(None, None)) -> str:
+    """A few sentences: each run's τ, tokens/s and its speedup over its *own* vanilla (the
+    same ``RaceSpeedup`` as that run's headline), then only what the numbers support: which
+    accepted more per forward (or that τ is the same), whether the speedups differ by more
+    than their chunk ranges, and, when the bigger tree (``sizes``: total_tokens) did accept
+    more, that it also costs more per forward."""
+    races = _pair(races)
+    parts = []
+    for name, s, race in zip(labels, (a_summary, b_summary), races):
+        vs = f", **{race.text()}** its own vanilla" if race is not None else ", no vanilla raced"
+        parts.append(f"{name}: τ = {s.mean_accepted:.2f} tokens per target forward, {s.tokens_per_s:.1f} tokens/s{vs}.")
+    text = " ".join(parts)
+    ta, tb = a_summary.mean_accepted, b_summary.mean_accepted
+    if abs(ta - tb) < TAU_SAME:
+        text += (f" Both accepted the same τ ({ta:.2f}): any difference in speed comes from what a step costs "
+                 "(the tree's size, the machine's load), not from acceptance.")
+    else:
+        more, less = (0, 1) if ta > tb else (1, 0)
+        text += f" {labels[more].split(':')[0]} accepted more per forward ({max(ta, tb):.2f} against {min(ta, tb):.2f})"
+        sa, sb = sizes
+        if sa is not None and sb is not None and sa != sb and (sa > sb) == (more == 0):
+            text += ", with the bigger tree, whose forward also costs more"
+        text += ": tokens/s, not τ, says which pays on this machine."
+    ra, rb = races
+    if ra is not None and rb is not None:
+        if ra.low <= rb.high and rb.low <= ra.high:
+            text += (f" Their speedups ({ra.total:.2f}× and {rb.total:.2f}×) overlap within the run-to-run noise "
+                     "(the chunk ranges): no winner on speed.")
+        else:
+            text += f" {labels[0 if ra.total > rb.total else 1].split(':')[0]} was faster, beyond the chunk ranges."
     return text

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from app.engine.events import RunSummary, StepEvent
 from app.viz import style
-from app.viz.race import curve
+from app.viz.race import RaceSpeedup, curve, race_speedup
 
 # One colour per method, fixed, so a method looks the same in every figure of the page.
 METHOD_COLOURS = {
@@ -87,42 +87,104 @@ def methods_race_figure(runs: dict[str, list[StepEvent]], height: int = 320):
     return style.fast_figure(data, layout)
 
 
+CHUNK_TOKENS = 16   # the turns the methods take (app/ui/race.py), the windows of the ranges
+
+
 def _ratio(summary: RunSummary | None, vanilla: RunSummary | None) -> float | None:
     if summary is None or vanilla is None or not vanilla.tokens_per_s:
         return None
     return summary.tokens_per_s / vanilla.tokens_per_s
 
 
-def methods_table(summaries: dict[str, RunSummary | None], drafted: dict[str, str]) -> str:
+def method_races(steps: dict[str, list[StepEvent]] | None, summaries: dict) -> dict[str, RaceSpeedup]:
+    """Each finished method's speedup over vanilla with its chunk range (``race_speedup``, the
+    computation behind the page's headline), from the step records; {} without vanilla."""
+    if not steps or summaries.get("vanilla") is None or not steps.get("vanilla"):
+        return {}
+    out = {}
+    for method, s in summaries.items():
+        if method != "vanilla" and s is not None and steps.get(method):
+            race = race_speedup(steps[method], steps["vanilla"], CHUNK_TOKENS)
+            if race is not None:
+                out[method] = race
+    return out
+
+
+def _overlap(a: RaceSpeedup, b: RaceSpeedup) -> bool:
+    return a.low <= b.high and b.low <= a.high
+
+
+def noise_note(races: dict[str, RaceSpeedup]) -> str:
+    """Which differences in the table are within the run-to-run noise: methods whose chunk
+    ranges include 1 (no measurable gain over vanilla), and pairs whose ranges overlap."""
+    if not races:
+        return ""
+    name = lambda m: METHOD_NAMES.get(m, m)   # noqa: E731
+    tied_vanilla = [name(m) for m, r in races.items() if len(r.chunks) > 1 and r.low <= 1.0 <= r.high]
+    methods = list(races)
+    pairs = [f"{name(a)} and {name(b)}" for i, a in enumerate(methods) for b in methods[i + 1:]
+             if len(races[a].chunks) > 1 and len(races[b].chunks) > 1 and _overlap(races[a], races[b])]
+    lines = [f"Ranges: the ratio over each turn of {CHUNK_TOKENS} tokens (the methods ran in turns, so each turn "
+             "saw the same machine load); a difference inside them is run-to-run noise."]
+    if tied_vanilla:
+        lines.append(f"Within noise of vanilla (the range includes 1×): {', '.join(tied_vanilla)}.")
+    if pairs:
+        lines.append(f"Within noise of each other (ranges overlap): {'; '.join(pairs)}.")
+    if any(len(r.chunks) < 2 for r in races.values()):
+        lines.append("A run of one turn has no range: its ratio cannot be judged against the noise.")
+    return "\n\n" + " ".join(lines)
+
+
+def _ratio_text(method: str, s: RunSummary, vanilla: RunSummary | None, races: dict) -> str:
+    race = races.get(method)
+    if race is not None:
+        text = f"{race.total:.2f}×"
+        if len(race.chunks) > 1:
+            text += f" ({race.low:.2f}–{race.high:.2f})"
+            if race.low <= 1.0 <= race.high:
+                text += " ≈ vanilla"
+        return text
+    ratio = _ratio(s, vanilla)
+    return "–" if ratio is None else f"{ratio:.2f}×"
+
+
+def methods_table(summaries: dict[str, RunSummary | None], drafted: dict[str, str],
+                  steps: dict[str, list[StepEvent]] | None = None) -> str:
     """A markdown table: one row per method (``summaries``: method -> its summary, None while
-    it runs; ``drafted``: method -> what proposed its nodes)."""
+    it runs; ``drafted``: method -> what proposed its nodes; ``steps``: method -> its step
+    records, for each ratio's range and the note on noise, ``noise_note``)."""
     vanilla = summaries.get("vanilla")
-    rows = ["| method | drafter | τ (tokens per forward) | tokens/s | × vanilla | output = vanilla |",
+    races = method_races(steps, summaries)
+    rows = ["| method | drafter | τ (tokens per forward) | tokens/s | × vanilla (range) | output = vanilla |",
             "|---|---|---|---|---|---|"]
     for method, s in summaries.items():
         name = METHOD_NAMES.get(method, method)
         if s is None:
             rows.append(f"| {name} | {drafted.get(method, '–')} | … | … | … | … |")
             continue
-        ratio = _ratio(s, vanilla)
         same = "–" if vanilla is None or method == "vanilla" else ("yes" if s.token_ids == vanilla.token_ids else
                                                                    "**no**")
+        ratio = "1×" if method == "vanilla" else _ratio_text(method, s, vanilla, races)
         rows.append(f"| {name} | {drafted.get(method, '–')} | {s.mean_accepted:.2f} | {s.tokens_per_s:.1f} | "
-                    f"{'–' if ratio is None else f'{ratio:.2f}×'} | {same} |")
-    return "\n".join(rows)
+                    f"{ratio} | {same} |")
+    done = all(v is not None for v in summaries.values())
+    return "\n".join(rows) + (noise_note(races) if done else "")
 
 
-def literature_table(summaries: dict[str, RunSummary | None]) -> str:
+def literature_table(summaries: dict[str, RunSummary | None], steps: dict[str, list[StepEvent]] | None = None) -> str:
     """The literature's numbers per method with this run's measured ratio to vanilla beside them
-    (every method of ``LITERATURE``; "not run" where this comparison did not include it)."""
+    (every method of ``LITERATURE``; "not run" where this comparison did not include it); the
+    same ratio as ``methods_table``'s."""
     vanilla = summaries.get("vanilla")
+    races = method_races(steps, summaries)
     rows = ["| method | from | paper's speedup | Spec-Bench | lossless | training | here, × vanilla |",
             "|---|---|---|---|---|---|---|"]
     for method, pub in LITERATURE.items():
         s = summaries.get(method)
         ratio = _ratio(s, vanilla)
         here = ("not run" if method not in summaries else "…" if s is None
-                else "run without vanilla" if ratio is None else f"**{ratio:.2f}×**")
+                else "run without vanilla" if ratio is None else "**1×**" if method == "vanilla"
+                else f"**{_ratio_text(method, s, vanilla, races)}**")
         rows.append(f"| {METHOD_NAMES[method]} | {pub.paper} | {pub.paper_speedup} | {pub.spec_bench} | "
                     f"{pub.lossless} | {pub.training} | {here} |")
     return "\n".join(rows)

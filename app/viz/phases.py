@@ -130,7 +130,13 @@ def phase_account(step: StepEvent | None, total_steps: int | None = None, number
     tree = step.tree
     levels = max(tree.depths)
     accepted_ids = sorted((i for i, s in enumerate(tree.status) if s == "accepted"), key=lambda i: tree.depths[i])
-    tokens = ", ".join(f"`{show_token(tree.texts[i], escape=False)}`" for i in accepted_ids) or "none"
+    # the tokens kept are the step's own count (``step.accepted``); a path the target agreed with
+    # beyond the answer's end (EOS, the token budget) is not counted, and said so
+    kept = len(step.accepted)
+    tokens = ", ".join(f"`{show_token(tree.texts[i], escape=False)}`" for i in accepted_ids[:kept]) or "none"
+    beyond = len(accepted_ids) - kept
+    if beyond > 0:
+        tokens += f"; {beyond} more matched after the answer's end, not kept"
     rejected = tree.status.count("rejected")
     unreached = tree.status.count("unreached")
     change = tree_change(step, previous, why)

@@ -6,6 +6,8 @@ curve and the ratio of the end points is the measured speedup.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import plotly.graph_objects as go
 
 from app.engine.events import StepEvent, decoding_steps
@@ -23,12 +25,72 @@ def curve(steps: list[StepEvent]) -> tuple[list[float], list[int]]:
     return xs, ys
 
 
-def speedup(eagle_steps: list[StepEvent], vanilla_steps: list[StepEvent]) -> float | None:
-    """Tokens/s of EAGLE over tokens/s of vanilla, from the two curves' end points."""
+@dataclass(frozen=True)
+class RaceSpeedup:
+    """The race's speedup and its spread, from one computation (so the headline can never lie
+    outside its own range).
+
+    Both runs are compared over the same answer tokens: the first ``tokens`` of each (the
+    shorter run's length), cut into windows of ``chunk_tokens``. A window's time on each
+    curve is read off the curve (``time_at``: linear between the steps), so the k-th window
+    of each covers the same tokens. ``chunks`` are the per-window ratios vanilla time /
+    EAGLE time; ``total`` is the ratio over all of them, a mean of the chunk ratios weighted
+    by EAGLE's time, hence always within [min(chunks), max(chunks)]."""
+
+    total: float
+    chunks: tuple[float, ...]
+    tokens: int
+    chunk_tokens: int
+
+    @property
+    def low(self) -> float:
+        return min(self.chunks) if self.chunks else self.total
+
+    @property
+    def high(self) -> float:
+        return max(self.chunks) if self.chunks else self.total
+
+    def text(self) -> str:
+        """"1.31× (1.18–1.42 over 6 chunks of 16 tokens)"; only the total under two chunks."""
+        if len(self.chunks) < 2:
+            return f"{self.total:.2f}×"
+        return (f"{self.total:.2f}× ({self.low:.2f}–{self.high:.2f} over {len(self.chunks)} chunks of "
+                f"{self.chunk_tokens} tokens)")
+
+
+def time_at(xs: list[float], ys: list[int], n: float) -> float:
+    """Seconds a curve (``curve``) took to reach ``n`` tokens, linear within a step."""
+    for i in range(1, len(ys)):
+        if ys[i] >= n:
+            y0, y1 = ys[i - 1], ys[i]
+            return xs[i - 1] + (xs[i] - xs[i - 1]) * ((n - y0) / (y1 - y0) if y1 > y0 else 1.0)
+    return xs[-1]
+
+
+def race_speedup(eagle_steps: list[StepEvent], vanilla_steps: list[StepEvent],
+                 chunk_tokens: int = 16) -> RaceSpeedup | None:
+    """The race's speedup (``RaceSpeedup``), or None without two timed runs."""
     (xe, ye), (xv, yv) = curve(eagle_steps), curve(vanilla_steps)
-    if xe[-1] <= 0 or xv[-1] <= 0 or yv[-1] == 0:
+    tokens = min(ye[-1], yv[-1])
+    if tokens <= 0 or xe[-1] <= 0 or xv[-1] <= 0:
         return None
-    return (ye[-1] / xe[-1]) / (yv[-1] / xv[-1])
+    edges = list(range(0, tokens, chunk_tokens)) + [tokens]
+    chunks = []
+    for a, b in zip(edges, edges[1:]):
+        te = time_at(xe, ye, b) - time_at(xe, ye, a)
+        tv = time_at(xv, yv, b) - time_at(xv, yv, a)
+        if te > 0 and tv > 0:
+            chunks.append(tv / te)
+    te, tv = time_at(xe, ye, tokens), time_at(xv, yv, tokens)
+    if te <= 0 or tv <= 0:
+        return None
+    return RaceSpeedup(total=tv / te, chunks=tuple(chunks), tokens=tokens, chunk_tokens=chunk_tokens)
+
+
+def speedup(eagle_steps: list[StepEvent], vanilla_steps: list[StepEvent]) -> float | None:
+    """Tokens/s of EAGLE over tokens/s of vanilla over the same answer tokens (``race_speedup``)."""
+    r = race_speedup(eagle_steps, vanilla_steps)
+    return None if r is None else r.total
 
 
 def race_figure(eagle_steps: list[StepEvent], vanilla_steps: list[StepEvent] | None,
@@ -51,36 +113,15 @@ def race_figure(eagle_steps: list[StepEvent], vanilla_steps: list[StepEvent] | N
 
 
 def chunk_speedups(eagle_steps: list[StepEvent], vanilla_steps: list[StepEvent], chunk_tokens: int = 16) -> list[float]:
-    """EAGLE's tokens/s over vanilla's, per window of ``chunk_tokens`` answer tokens.
-
-    The page runs the two alternately in such chunks (``app.ui.race.interleave``), so the
-    k-th chunk of each ran within moments of the other: the spread of these ratios is the
-    speedup's uncertainty on a machine whose load changes. A step belongs to the window of
-    the first token it produced; a window either side did not reach is left out."""
-    def windows(steps):
-        out: dict[int, list[float]] = {}
-        n = 0
-        for s in decoding_steps(steps):
-            w = out.setdefault(n // chunk_tokens, [0.0, 0.0])
-            w[0] += len(s.new_tokens)
-            w[1] += s.step_ms
-            n += len(s.new_tokens)
-        return out
-    e, v = windows(eagle_steps), windows(vanilla_steps)
-    ratios = []
-    for k in sorted(set(e) & set(v)):
-        (ne, te), (nv, tv) = e[k], v[k]
-        if te > 0 and tv > 0 and nv > 0:
-            ratios.append((ne / te) / (nv / tv))
-    return ratios
+    """EAGLE's speed over vanilla's per window of ``chunk_tokens`` answer tokens
+    (``race_speedup``'s chunks). The page runs the two alternately in such chunks
+    (``app.ui.race.interleave``), so the k-th chunk of each ran within moments of the other:
+    their spread is the speedup's uncertainty on a machine whose load changes."""
+    r = race_speedup(eagle_steps, vanilla_steps, chunk_tokens)
+    return [] if r is None else list(r.chunks)
 
 
 def speedup_with_spread(eagle_steps, vanilla_steps, chunk_tokens: int = 16) -> str:
     """"1.31× (1.18–1.42 over 6 chunks of 16 tokens)", or "" without both runs."""
-    total = speedup(eagle_steps, vanilla_steps)
-    if total is None:
-        return ""
-    ratios = chunk_speedups(eagle_steps, vanilla_steps, chunk_tokens)
-    if len(ratios) < 2:
-        return f"{total:.2f}×"
-    return f"{total:.2f}× ({min(ratios):.2f}–{max(ratios):.2f} over {len(ratios)} chunks of {chunk_tokens} tokens)"
+    r = race_speedup(eagle_steps, vanilla_steps, chunk_tokens)
+    return "" if r is None else r.text()

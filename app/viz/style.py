@@ -15,7 +15,7 @@ EDGE = "#9ca3af"
 VANILLA = "#6b7280"      # the vanilla curve in the speed race
 EAGLE = DRAFT            # the EAGLE curve in the speed race
 
-CONFIDENCE_SCALE = "Viridis"  # draft confidence, always on the fixed 0..1 range
+CONFIDENCE_SCALE = "Viridis"  # a node's own q, on the fixed log scale of app/viz/tree.py (0.001..1)
 
 # Small figures: no template download, no modebar clutter, fixed margins.
 BASE_LAYOUT = dict(
@@ -50,8 +50,11 @@ LEGEND_ROWS = (
     ("unreached node", f"border:1px solid {UNREACHED_LINE};border-radius:50%;background:#21918c",
      "small circle, thin outline, dotted edge: an ancestor was rejected, so the target never got to it"),
     ("node colour", "background:linear-gradient(90deg,#440154,#21918c,#fde725)",
-     "draft confidence of every node (product of q along its path), 0 (dark) to 1 (yellow); "
-     "the outline and the edge tell the node's fate"),
+     "q, how sure the draft head was of the node's token at its branch, on a log scale: 0.001 (dark) to 1 "
+     "(yellow); the path's confidence (product of q) is in the hover; the shape, outline and edge tell the "
+     "node's fate"),
+    ("␣ ↵ ⟨end of answer⟩", "background:#f3f4f6",
+     "how tokens are shown: ␣ a leading space, ↵ a new line, ⟨end of answer⟩ the model's end mark"),
 )
 
 

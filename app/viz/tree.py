@@ -7,9 +7,12 @@ row to the right of its node, so labels cannot collide and no edge can strike on
 an edge leaves its parent straight down (at the parent's x, left of every label below it)
 and turns right into the child on the child's own row.
 
-Drawing: EVERY draft node is filled with its draft confidence (product of q along the path)
-on a fixed 0..1 colour scale. What happened to it is told by its outline, its shape and the
-edge into it, never by its fill:
+Drawing: EVERY draft node is filled with its own q, the head's probability of that token at
+its branch, on a fixed log scale from 0.001 to 1 (``q_colour``; the path product, EAGLE-2's
+ranking confidence, is in the hover). On a 0..1 scale of the path product almost every node
+below depth 2 was the same dark colour; the head's own q per branch spreads over the whole
+scale. What happened to a node is told by its outline, its shape and the edge into it, never
+by its fill, so it reads without colour:
 
     accepted    circle, thick green outline, thick green edge (drawn last, on top)
     rejected    square, red outline, dotted red edge: the target checked it and chose another
@@ -17,7 +20,7 @@ edge into it, never by its fill:
 
 The target's bonus token hangs from the last accepted node as a blue diamond (the target's own
 node). Labels are truncated to ``LABEL_CHARS`` characters; hover shows the full token, q, p,
-confidence, depth, position and status.
+the path's confidence, depth, position and status.
 
 Big trees: above ``fold_above`` nodes (EAGLE-2's 60-node trees, say) the tree is folded
 around the accepted path: the path, the best ``max_siblings`` alternatives at each of its
@@ -27,6 +30,7 @@ levels, and one grey "+N more" node per path node that counts everything else ha
 from __future__ import annotations
 
 import html
+import math
 import unicodedata
 from dataclasses import dataclass, field
 
@@ -40,7 +44,7 @@ from app.viz.stream import split_step_text
 ROOT_ID = "root"
 BONUS_ID = "bonus"
 
-LABEL_CHARS = 10        # longer tokens are cut (the full token is in the hover)
+LABEL_CHARS = 16        # longer tokens are cut (the full token is in the hover)
 FONT_PX = 11            # label font size; labels use a monospace font (widths are predictable)
 ROW_PX = 20             # vertical pixels per outline row: > a label's line height (~1.3 x FONT_PX)
 FOLD_ABOVE = 30         # trees with more nodes than this are folded around the accepted path
@@ -56,10 +60,24 @@ DRAFTER_NAMES = {"eagle2": "EAGLE head", "eagle3": "EAGLE-3 head", "medusa": "Me
                  "pld": "prompt lookup", "lookahead": "lookahead pool"}
 
 
+# Special tokens as a reader names them (the chat template's markers)
+SPECIAL_TOKENS = {"<|im_end|>": "⟨end of answer⟩", "<|endoftext|>": "⟨end of text⟩",
+                  "<|im_start|>": "⟨start of turn⟩", "</s>": "⟨end of answer⟩", "<|eot_id|>": "⟨end of answer⟩",
+                  "<|end_of_text|>": "⟨end of text⟩"}
+Q_MIN = 1e-3            # the colour scale's floor: q below this is drawn as this
+
+
+def q_colour(q: float | None) -> float:
+    """The value a node's fill encodes: log10 of its own q, clipped to [log10(Q_MIN), 0]."""
+    return math.log10(min(max(q or 0.0, Q_MIN), 1.0))
+
+
 def show_token(text: str, escape: bool = True, limit: int = 12) -> str:
-    """A token as a short visible label: spaces and newlines made visible, cut to ``limit``
-    characters; HTML escaped for plotly labels, or (``escape=False``) made safe for a
-    Markdown code span instead."""
+    """A token as a short visible label: spaces and newlines made visible (␣ ↵ ⇥), special
+    tokens named (``SPECIAL_TOKENS``), cut to ``limit`` characters; HTML escaped for plotly
+    labels, or (``escape=False``) made safe for a Markdown code span instead."""
+    for raw, name in SPECIAL_TOKENS.items():
+        text = text.replace(raw, name)
     text = text.replace("\n", "↵").replace("\t", "⇥")
     if text.startswith(" "):
         text = "␣" + text[1:]
@@ -265,19 +283,22 @@ def tree_traces(step: StepEvent, bonus_text: str | None = None, fold: bool | Non
     p = tree.p if tree.p is not None else [None] * n
     hover = [f"<b>{_quoted(tree.texts[i])}</b> (id {tree.tokens[i]})<br>status: {tree.status[i]}"
              f"<br>depth {tree.depths[i]}, position P+{tree.depths[i]}"
-             f"<br>q (draft): {_fmt(tree.q[i])}<br>p (target): {_fmt(p[i])}"
-             f"<br>confidence: {_fmt(tree.confidence[i])}" for i in nodes]
+             f"<br>q (the head's probability of it here): {_fmt(tree.q[i])}"
+             f"<br>p (the target's probability of it): {_fmt(p[i])}"
+             f"<br>path confidence (product of q from the root): {_fmt(tree.confidence[i])}" for i in nodes]
     labels = [show_token(tree.texts[i], limit=LABEL_CHARS) for i in nodes]
     labels = [f"<b>{t}</b>" if tree.status[i] == "accepted" else t for t, i in zip(labels, nodes)]
     st = [NODE_STYLE[tree.status[i]] for i in nodes]
-    colorbar = dict(title=dict(text="draft confidence", side="right"), thickness=10, x=1.0, xref="container",
-                    xanchor="right", lenmode="pixels", len=160, y=1.0, yanchor="top", tickvals=[0, 0.5, 1])
+    colorbar = dict(title=dict(text="q: how sure the head was", side="right"), thickness=10, x=1.0,
+                    xref="container", xanchor="right", lenmode="pixels", len=160, y=1.0, yanchor="top",
+                    tickvals=[-3, -2, -1, 0], ticktext=["0.001", "0.01", "0.1", "1"])
     data.append(dict(
         type="scatter", name="nodes", x=[lay.xy(i)[0] for i in nodes], y=[lay.xy(i)[1] for i in nodes],
         customdata=nodes, mode="markers+text", text=labels, textposition="middle right", cliponaxis=False,
         textfont=dict(size=FONT_PX, family="monospace", color=[s[4] for s in st]),
         hovertext=hover, hoverinfo="text",
-        marker=dict(color=[tree.confidence[i] for i in nodes], cmin=0.0, cmax=1.0, colorscale=style.CONFIDENCE_SCALE,
+        marker=dict(color=[q_colour(tree.q[i]) for i in nodes], cmin=math.log10(Q_MIN), cmax=0.0,
+                    colorscale=style.CONFIDENCE_SCALE,
                     showscale=show_colorbar, colorbar=colorbar, opacity=1.0,
                     symbol=[s[0] for s in st], size=[s[1] for s in st],
                     line=dict(color=[s[2] for s in st], width=[s[3] for s in st])), **on))

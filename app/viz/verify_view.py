@@ -23,6 +23,7 @@ import plotly.graph_objects as go
 
 from app.engine.events import DraftTreeRecord, StepEvent
 from app.viz import style
+from app.viz.glossary import term
 from app.viz.stream import split_step_text
 from app.viz.tree import accepted_path, display_order, show_token
 
@@ -356,10 +357,15 @@ def kv_caption(step: StepEvent | None = None) -> str:
 
 
 def tree_caption(step: StepEvent | None = None) -> str:
-    """What the tree view shows."""
-    return ("Every node is coloured by its draft confidence (product of q along its path). Green outline: "
-            "accepted; red square: the target checked it and chose another token; thin grey: never "
-            "reached, an ancestor was rejected. The blue diamond is the target's own bonus token.")
+    """What the tree view shows: the colour said once in words, the shapes that tell a node's
+    fate without colour, and the token marks (glossary terms hover)."""
+    return (f"**Colour** = {term('q')}, how sure the draft head was of that token at its branch: yellow = sure "
+            "(q near 1), dark purple = a long shot (q ≈ 0.001), on a log scale. **Shape** tells what happened, "
+            "without colour: ● thick green outline = accepted; ■ red outline, dotted edge = rejected (the target, "
+            f"by its own {term('p')}, chose another token); small ○ thin grey, dotted edge = never reached (an "
+            f"ancestor was rejected); ◆ blue = the {term('bonus token')}. All checked in one "
+            f"{term('target forward')}. In labels {term('␣')} is a space, ↵ a new line, ⟨end of answer⟩ the "
+            "model's end-of-answer mark.")
 
 
 def _empty(what: str, step: StepEvent | None) -> go.Figure:
