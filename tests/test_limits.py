@@ -264,9 +264,10 @@ def test_run_memory_caps_bind_active_sessions(serve, tiny, tmp_path):
     from gradio_client.exceptions import AppError
 
     from app.ui import traces
+    from app.ui.limits import session_bytes
 
     path = _big_trace(tiny, tmp_path)
-    size = traces.trace_bytes(traces.parse_trace(path.read_bytes()))
+    size = session_bytes(Session(steps=list(traces.parse_trace(path.read_bytes()).steps)))   # one loaded copy
     limits = PublicLimits(sessions_max=100, sessions_per_client=50, new_sessions_per_minute=100, idle_s=3600,
                           session_bytes_per_client=int(2.5 * size), session_bytes_max=int(4.5 * size),
                           trusted_proxies=LOOPBACK)

@@ -188,3 +188,48 @@ def test_a_click_is_validated_once(client, monkeypatch):
         client.predict(knob="depth", start=1e308, stop=-1e308, count=2, prompt=PROMPTS[1], method="chain",
                        max_new_tokens=4, temperature=0.0, top_p=1.0, seed=0, depth=2, top_k=2, total_tokens=4,
                        tau_high=0.5, tau_low=0.05, min_confidence=0.0, api_name="/explore")
+
+
+@pytest.mark.parametrize("chosen", [["vanilla"], "five"])
+def test_compare_methods_counts_are_refused_by_the_validator(client, server, tiny, chosen):
+    """One method, or one more than the most: a message under the methods control
+    (ValidationError), not a page-wide error from the event."""
+    from gradio_client.exceptions import ValidationError
+
+    from app.ui import methods
+
+    choices = methods.available_methods(AppContext(Engine(*tiny), ServerConfig(), "tiny"))
+    if chosen == "five":
+        chosen = list(choices)[:methods.MAX_METHODS + 1]
+        assert len(chosen) == methods.MAX_METHODS + 1, choices
+    with pytest.raises(ValidationError, match="- methods_list: methods must be"):
+        client.predict(PROMPTS[0], chosen, 8, api_name="/compare_methods")
+
+
+def test_a_hostile_trace_never_breaks_the_session(client, tmp_path):
+    """A trace with a lone surrogate in a text is refused in one short line; the visitor's run
+    on screen stays and replays (a loaded surrogate made every later update fail)."""
+    import json
+
+    from gradio_client import handle_file
+    from gradio_client.exceptions import AppError
+
+    client.predict(prompt=PROMPTS[1], method="vanilla", max_new_tokens=4, temperature=0.0, api_name="/generate")
+    before = client.predict(0, api_name="/replay")[0]
+    assert 'class="tok' in str(before)
+    r = client.predict(prompt=PROMPTS[1], method="dynamic", max_new_tokens=6, temperature=0.0, **FAST,
+                       api_name="/generate")
+    trace_path = r[10]["value"] if isinstance(r[10], dict) and "value" in r[10] else r[10]
+    trace_path = trace_path.get("path") if isinstance(trace_path, dict) else trace_path
+    with open(trace_path, encoding="utf-8") as f:
+        trace = json.load(f)
+    trace["records"][1]["text"] = "\ud800"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(trace))
+    with pytest.raises(AppError, match="(?i)unicode") as refused:
+        client.predict(handle_file(str(bad)), api_name="/load_trace")
+    assert len(str(refused.value)) < 300
+    after = client.predict(0, api_name="/replay")[0]
+    assert 'class="tok' in str(after)
+    assert str(client.predict(prompt=PROMPTS[1], method="vanilla", max_new_tokens=2, temperature=0.0,
+                              api_name="/generate")[0]).startswith("done")
