@@ -34,6 +34,10 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto",
                    help="auto (the faster of float32 and bfloat16 where the hardware has native bfloat16, "
                         "measured once) | float32 (exact: greedy output identical to plain decoding) | bfloat16 | float16")
+    p.add_argument("--forward", default=None, choices=["auto", "eager"],
+                   help="target forward on a CPU: auto (the fast batch-invariant kernels where this machine can build "
+                        "them, else eager) | eager (transformers-based, the fast forward off); default "
+                        "$EAGLE_LENS_FORWARD or auto")
     p.add_argument("--threads", default="auto",
                    help="CPU threads: auto (timed just before decoding: on a busy machine fewer threads can be "
                         "faster) or a number")

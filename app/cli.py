@@ -62,7 +62,7 @@ def main(args) -> int:
                                 head="required" if tree.uses_head else "none",
                                 full_draft_vocab=args.full_draft_vocab,
                                 medusa="required" if tree.method == "medusa" else "none",
-                                medusa_model=args.medusa_model)
+                                medusa_model=args.medusa_model, forward=args.forward)
         say = lambda m: print(f"[auto] {m}", file=sys.stderr, flush=True)  # noqa: E731
         from app.engine.threads import engine_probe
 

@@ -28,7 +28,7 @@ def main(args) -> int:
     try:
         governor = thread_governor(args)
         engine, _ = load_engine(args.base_model, args.draft_model, args.device, args.dtype,
-                                full_draft_vocab=args.full_draft_vocab)
+                                full_draft_vocab=args.full_draft_vocab, forward=args.forward)
     except (ValueError, FileNotFoundError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

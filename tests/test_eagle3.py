@@ -141,12 +141,17 @@ def test_fused_verify_forward_returns_the_layers_transformers_computes(target):
     causal = torch.ones(5, 5, dtype=torch.bool).tril()[None, None]
     with torch.no_grad():
         ref = target.model.model(input_ids=ids, output_hidden_states=True)
-        forward = fused.decoder_forward(target)
-        assert isinstance(forward, fused.FusedLlamaDecoder)
-        hidden, taps = forward(ids, pos, causal, kv.preallocated_cache(target.model, 8), (2, 4, 5))
-        plain = forward(ids, pos, causal, kv.preallocated_cache(target.model, 8))
-    assert torch.equal(taps, torch.cat([ref.hidden_states[i] for i in (2, 4, 5)], -1))
-    assert torch.equal(hidden, plain) and torch.equal(hidden, ref.last_hidden_state)
+        expected = torch.cat([ref.hidden_states[i] for i in (2, 4, 5)], -1)
+        # the eager fused forward: bit for bit; the engine's (fast where it can run) to rounding
+        for forward, exact in ((fused.FusedLlamaDecoder(target.model), True), (fused.decoder_forward(target), False)):
+            hidden, taps = forward(ids, pos, causal, kv.preallocated_cache(target.model, 8), (2, 4, 5))
+            plain = forward(ids, pos, causal, kv.preallocated_cache(target.model, 8))
+            assert torch.equal(hidden, plain)
+            if exact:
+                assert torch.equal(taps, expected) and torch.equal(hidden, ref.last_hidden_state)
+            else:
+                torch.testing.assert_close(taps, expected, rtol=1e-4, atol=1e-4)
+                torch.testing.assert_close(hidden, ref.last_hidden_state, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("method", POLICIES)

@@ -120,7 +120,7 @@ def main(args) -> int:
         engine, _ = load_engine(args.base_model, args.draft_model, args.device, args.dtype,
                                 head="required" if need_head else "none",
                                 medusa="required" if any(s.uses_medusa for s in specs) else "none",
-                                medusa_model=args.medusa_model)
+                                medusa_model=args.medusa_model, forward=args.forward)
         engines = {None: engine}
         for head in dict.fromkeys(s.head for s in specs if s.head):   # @HEAD: the same target, another head
             engines[head], _ = load_engine(draft_model=head, target=engine.target, head="required")

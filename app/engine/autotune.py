@@ -206,8 +206,6 @@ def measure_forward_costs(target, sizes=DEFAULT_SIZES, prefix_len: int = DEFAULT
     from app.engine import fused, kv
 
     model, device = target.model, target.device
-    body = getattr(model, model.base_model_prefix)
-    lm_head = model.get_output_embeddings()
     decoder = fused.decoder_forward(target)      # the engine's verify forward
     vocab = model.config.vocab_size
     sizes = sorted(set(int(n) for n in sizes))
@@ -215,7 +213,7 @@ def measure_forward_costs(target, sizes=DEFAULT_SIZES, prefix_len: int = DEFAULT
     g = torch.Generator().manual_seed(0)
     prefix = torch.randint(0, vocab, (1, prefix_len), generator=g, device="cpu").to(device)   # (1, P)
     cache = kv.preallocated_cache(model, prefix_len + max(sizes))    # the engine's cache kind
-    body(input_ids=prefix, cache=cache, use_cache=True)
+    decoder.prefill(prefix, cache)
     inputs = {}
     for n in sizes:
         ids = torch.randint(0, vocab, (1, n), generator=g, device="cpu").to(device)    # (1, n)
@@ -233,7 +231,7 @@ def measure_forward_costs(target, sizes=DEFAULT_SIZES, prefix_len: int = DEFAULT
             _sync(device)
             t0 = time.perf_counter()
             hidden = decoder(ids, pos, mask, cache)                                    # (1, n, H)
-            lm_head(hidden[0])                                                         # (n, V)
+            decoder.logits(hidden[0])                                                  # (n, V)
             _sync(device)
             elapsed = (time.perf_counter() - t0) * 1e3
             kv.crop(cache, prefix_len)

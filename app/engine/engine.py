@@ -195,7 +195,7 @@ class Engine:
         model = target.model
         self.body = getattr(model, model.base_model_prefix)    # the decoder stack, ends with the final norm
         # decode/verify forwards: the same stack with fused projections where the
-        # architecture allows (app/engine/fused.py); the prompt's prefill stays on self.body
+        # architecture allows (app/engine/fused.py), or the fast batch-invariant one (app/engine/rowwise.py)
         self.decoder = fused.decoder_forward(target)
         self.lm_head = model.get_output_embeddings()
         self.embedding = model.get_input_embeddings()
@@ -323,12 +323,12 @@ class Engine:
         capacity = len(prompt_ids) + max_new_tokens + (largest.total_tokens + 1 if largest.uses_draft else 1)
         target_cache = kv.preallocated_cache(self.target.model, capacity)
         ids = torch.tensor([prompt_ids], device=device)                                      # (1, m)
-        out = self.body(input_ids=ids, cache=target_cache, use_cache=True,
-                        output_hidden_states=bool(self.target_layers))
-        features = out.last_hidden_state                                                     # (1, m, H)
-        logits = self.lm_head(features[0, -1])                                               # (V,)
-        if self.target_layers:                                                               # EAGLE-3: (1, m, 3H)
-            features = fused.layer_inputs(out.hidden_states, self.target_layers)
+        if self.target_layers:             # EAGLE-3 reads the low/mid/high layers: (1, m, 3H)
+            hidden, features = self.decoder.prefill(ids, target_cache, self.target_layers)
+        else:
+            hidden = features = self.decoder.prefill(ids, target_cache)                     # (1, m, H)
+        logits = self.decoder.logits(hidden[0, -1])                                          # (V,)
+        features = features.to(self.target.dtype)   # the fast forward's float32 -> the heads' dtype
         if sampling.greedy:
             first = int(logits.argmax())
         else:
@@ -432,6 +432,7 @@ class Engine:
             hidden, draft_features = self.decoder(ids, positions, mask, run.target_cache, self.target_layers)
         else:
             hidden = draft_features = self.decoder(ids, positions, mask, run.target_cache)    # (1, N+1, H)
+        draft_features = draft_features.to(self.target.dtype)   # the fast forward's float32 -> the heads' dtype
 
         # lm_rows: where the LM head runs, in one batch. Normally only rows verification can
         # visit: the root and every node with children, plus the accepted leaf (for its bonus)
@@ -443,9 +444,9 @@ class Engine:
             lm_rows = list(range(len(tree) + 1))
         else:
             lm_rows = sorted({0} | {par + 1 for par in tree.parents})
-        batch = self.lm_head(hidden[0, lm_rows])                                              # (R, V)
-        logits = verify.LazyRows(lambda r: self.lm_head(hidden[0, r]), dict(zip(lm_rows, batch)))
-        return _Verified(prefix=prefix, root=root, hidden=hidden, draft_features=draft_features, lm_rows=lm_rows,
+        batch = self.decoder.logits(hidden[0, lm_rows])                                       # (R, V)
+        logits = verify.LazyRows(lambda r: self.decoder.logits(hidden[0, r]), dict(zip(lm_rows, batch)))
+        return _Verified(prefix=prefix, root=root, hidden=hidden.to(self.target.dtype), draft_features=draft_features, lm_rows=lm_rows,
                          batch=batch, logits=logits)
 
     # --- accept -----------------------------------------------------------------------------

@@ -13,7 +13,8 @@ from app.engine import loading
 def load_engine(base_model: str | None = None, draft_model: str | None = None, device: str = "auto",
                 dtype: str = "auto", *, head: str = "required", full_draft_vocab: bool = False,
                 limits: GenerationLimits = GenerationLimits(), target=None,
-                medusa: str = "none", medusa_model: str | None = None) -> tuple[Engine, str]:
+                medusa: str = "none", medusa_model: str | None = None,
+                forward: str | None = None) -> tuple[Engine, str]:
     """Load the target (embedded default when ``base_model`` is None) and the EAGLE head.
 
     ``head``: "required" (a missing head raises FileNotFoundError naming what is missing),
@@ -25,10 +26,11 @@ def load_engine(base_model: str | None = None, draft_model: str | None = None, d
     ``medusa`` ("none" | "optional" | "required"): also load Medusa heads (``medusa_model``,
     default the shipped ones) for the medusa method; "optional" goes on without them when
     there are none or they do not fit the target (the method is then refused with a clear line).
+    ``forward``: "auto" | "eager" (``loading.Target.forward``; None: $EAGLE_LENS_FORWARD or auto).
     """
     if head not in ("required", "optional", "none"):
         raise ValueError(f"head must be required, optional or none, got {head!r}")
-    target = target or loading.load_target(base_model, device=device, dtype=dtype)
+    target = target or loading.load_target(base_model, device=device, dtype=dtype, forward=forward)
     draft, missing = None, ""
     if head != "none":
         try:

@@ -54,6 +54,19 @@ class DecoderForward:
 
     def __init__(self, model: nn.Module):
         self.body = getattr(model, model.base_model_prefix)
+        self.lm_head_module = model.get_output_embeddings()
+
+    def prefill(self, ids, cache, layers: tuple[int, ...] = ()):
+        """The prompt's forward (causal) into ``cache``: hidden (1, m, H), with ``layers``
+        also their inputs (1, m, k·H)."""
+        out = self.body(input_ids=ids, cache=cache, use_cache=True, output_hidden_states=bool(layers))
+        if not layers:
+            return out.last_hidden_state
+        return out.last_hidden_state, layer_inputs(out.hidden_states, layers)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., H) -> (..., V): the target's LM head."""
+        return self.lm_head_module(hidden)
 
     def __call__(self, ids, positions, mask, cache, layers: tuple[int, ...] = ()):
         out = self.body(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
@@ -180,12 +193,48 @@ class FusedLlamaDecoder(DecoderForward):
 
 
 def decoder_forward(target) -> DecoderForward:
-    """The verify/decode forward for ``target``: fused where ``supports`` allows, else
-    transformers'. Built once per target (fusing re-points the model's weights) and kept on it."""
+    """The verify/decode forward for ``target``, built once (fusing re-points the model's
+    weights) and kept on it: the fast batch-invariant one (``rowwise.RowwiseLlamaDecoder``)
+    where ``target.forward`` allows it and this machine can run it, else fused where
+    ``supports`` allows, else transformers'. ``fallback_reason`` says why a faster one was
+    not used ("" when it was)."""
     existing = getattr(target, "_decoder_forward", None)
     if existing is None:
         reason = supports(target.model)
-        existing = FusedLlamaDecoder(target.model) if reason is None else DecoderForward(target.model)
-        existing.fallback_reason = reason
+        if reason is None:
+            fast_reason = fast_unavailable(target)
+            if fast_reason is None:
+                from app.engine.rowwise import RowwiseLlamaDecoder
+
+                existing = RowwiseLlamaDecoder(target.model)
+            else:
+                existing = FusedLlamaDecoder(target.model)
+                reason = fast_reason
+                if getattr(target, "forward", "auto") == "auto" and target.device.type == "cpu":
+                    _say(f"{fast_reason}; decoding on the eager forward")
+        else:
+            existing = DecoderForward(target.model)
+        existing.fallback_reason = reason or ""
         target._decoder_forward = existing
     return existing
+
+
+def fast_unavailable(target) -> str | None:
+    """Why the fast forward will not run for ``target`` (None when it will): switched off,
+    not a CPU, or the kernels cannot be built here."""
+    from app.engine import kernels
+
+    wanted = getattr(target, "forward", "auto")
+    if wanted == "eager":
+        return "the fast forward is switched off (--forward eager)"
+    if target.device.type != "cpu":
+        return f"the fast forward is for CPUs; this target runs on {target.device.type}"
+    if kernels.load(log=_say) is None:
+        return f"the fast forward is unavailable: {kernels.why_not()}"
+    return None
+
+
+def _say(line: str) -> None:
+    import sys
+
+    print(f"[eagle-lens] {line}", file=sys.stderr, flush=True)

@@ -52,6 +52,9 @@ class Target:
     name: str
     device: torch.device
     dtype: torch.dtype
+    # "auto": the fast batch-invariant forward (app/engine/rowwise.py) where this machine
+    # can run it; "eager": transformers-based forward only (fused.decoder_forward)
+    forward: str = "auto"
     # the engine's decode/verify forward, built once by fused.decoder_forward (it re-points
     # the model's weights, so every engine on this target must share it)
     _decoder_forward: object = field(default=None, init=False, repr=False, compare=False)
@@ -154,8 +157,16 @@ def resolve_model_source(name: str | None) -> tuple[str, str]:
     return name, name  # a hub id such as meta-llama/Meta-Llama-3-8B-Instruct
 
 
-def load_target(name: str | None = None, device: str | None = None, dtype: str | None = None) -> Target:
-    """Load a causal LM by hub id or folder (None = the embedded default)."""
+FORWARDS = ("auto", "eager")
+
+
+def load_target(name: str | None = None, device: str | None = None, dtype: str | None = None,
+                forward: str | None = None) -> Target:
+    """Load a causal LM by hub id or folder (None = the embedded default). ``forward``: see
+    ``Target.forward``; None reads $EAGLE_LENS_FORWARD (default auto)."""
+    forward = forward or os.environ.get("EAGLE_LENS_FORWARD") or "auto"
+    if forward not in FORWARDS:
+        raise ValueError(f"forward must be one of {', '.join(FORWARDS)}, got {forward!r}")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dev = choose_device(device)
@@ -169,9 +180,9 @@ def load_target(name: str | None = None, device: str | None = None, dtype: str |
     if dtype in (None, "", "auto") and dev.type == "cpu":
         from app.engine.precision import auto_cpu_dtype
 
-        dt = auto_cpu_dtype(display, model)
+        dt = auto_cpu_dtype(display, model, forward=forward)
         model.to(dt)
-    return Target(model=model, tokenizer=tokenizer, name=display, device=dev, dtype=dt)
+    return Target(model=model, tokenizer=tokenizer, name=display, device=dev, dtype=dt, forward=forward)
 
 
 def resolve_head_source(name: str | None) -> Path:

@@ -29,7 +29,12 @@ MIN_GAIN = 1.15
 
 
 def cpu_has_native_bf16() -> bool:
-    """AVX512-BF16 or AMX-BF16 in the CPU flags (Linux); False where they cannot be read."""
+    """AVX512-BF16 or AMX-BF16 in the CPU flags (Linux); False where they cannot be read, and
+    under ``ATEN_CPU_CAPABILITY=avx2`` (or ``default``), which emulates an AVX2-only CPU."""
+    import os
+
+    if os.environ.get("ATEN_CPU_CAPABILITY", "").lower() in ("avx2", "default"):
+        return False
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -92,10 +97,22 @@ def _choice_path(model_name: str) -> Path:
     return cache_dir() / "autotune" / f"dtype-{hashlib.sha1(key.encode()).hexdigest()[:12]}.json"
 
 
-def auto_cpu_dtype(model_name: str, model: torch.nn.Module, log=None) -> torch.dtype:
-    """The dtype to decode ``model`` (loaded in float32) in on this CPU, measured once and kept."""
+def auto_cpu_dtype(model_name: str, model: torch.nn.Module, log=None, forward: str = "auto") -> torch.dtype:
+    """The dtype to decode ``model`` (loaded in float32) in on this CPU, measured once and kept.
+
+    With the fast forward (``forward="auto"`` where ``fused.fast_unavailable`` finds nothing
+    against it) no measurement is needed: a step there is bound by reading the weights, and
+    bfloat16 weights are half the bytes, so bfloat16 wherever it is native (the draft head
+    and the rest still run eager torch ops in the model's dtype, which emulated bfloat16
+    would slow down)."""
     if not cpu_has_native_bf16():
         return torch.float32
+    if forward == "auto":
+        from app.engine import kernels
+        from app.engine.fused import supports
+
+        if supports(model) is None and kernels.load() is not None:
+            return torch.bfloat16
     path = _choice_path(model_name)
     try:
         return getattr(torch, json.loads(path.read_text())["dtype"])

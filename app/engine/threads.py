@@ -109,7 +109,7 @@ def engine_probe(engine, prefix_len: int = 64, tree_tokens: int = 4):
     prefix = torch.randint(0, vocab, (1, prefix_len), generator=g).to(device)
     cache = kv.preallocated_cache(model, prefix_len + tree_tokens)
     with torch.inference_mode():
-        engine.body(input_ids=prefix, cache=cache, use_cache=True)
+        engine.decoder.prefill(prefix, cache)
     shapes = []
     for n in (1, tree_tokens):
         ids = torch.randint(0, vocab, (1, n), generator=g).to(device)
@@ -122,6 +122,6 @@ def engine_probe(engine, prefix_len: int = 64, tree_tokens: int = 4):
     def forward():
         for ids, pos, mask in shapes:
             hidden = engine.decoder(ids, pos, mask, cache)
-            engine.lm_head(hidden[0])
+            engine.decoder.logits(hidden[0])
             kv.crop(cache, prefix_len)
     return forward

@@ -1,0 +1,213 @@
+"""Build, cache and call the batch-invariant CPU kernels of ``rowwise.c``.
+
+``available()`` says whether they can run here (an x86 CPU with AVX2 + FMA, a C compiler),
+and why not when they cannot; nothing here raises on a machine without them: the engine
+then keeps its eager forward. The shared library is compiled once per (source, ISA,
+compiler) into ``cache_dir()/kernels`` (about a second with gcc) and loaded from there on
+every later start.
+
+ISA: AVX-512 where the CPU has it, else AVX2 + FMA. ``ATEN_CPU_CAPABILITY=avx2`` (the
+switch that makes torch treat an AVX-512 CPU as AVX2-only) makes these kernels do the same,
+so one environment emulates an AVX2 machine for the whole forward.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("rowwise.c")
+FLAGS = {"avx512": ["-mavx512f", "-mavx2", "-mfma"], "avx2": ["-mavx2", "-mfma"]}
+
+_lib = None
+_why_not: str | None = None
+
+
+def cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def isa() -> str | None:
+    """The vector ISA to build for: avx512, avx2, or None (no kernels on this CPU)."""
+    flags = cpu_flags()
+    if not {"avx2", "fma"} <= flags:
+        return None
+    wanted = os.environ.get("ATEN_CPU_CAPABILITY", "").lower()
+    if wanted == "default":
+        return None
+    if "avx512f" in flags and wanted not in ("avx2",):
+        return "avx512"
+    return "avx2"
+
+
+def compiler() -> str | None:
+    """$CC, else gcc, else cc: the first that resolves to a program, or None."""
+    if os.environ.get("CC"):
+        return shutil.which(os.environ["CC"])
+    return shutil.which("gcc") or shutil.which("cc")
+
+
+def command(kind: str, cc: str, out: Path) -> list[str]:
+    return [cc, "-O3", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", *FLAGS[kind],
+            str(SOURCE), "-o", str(out), "-lm"]
+
+
+def library_path(kind: str) -> Path:
+    """Where the build for ``kind`` of this exact source and these flags is kept."""
+    from app.engine.loading import cache_dir
+
+    key = hashlib.sha1(SOURCE.read_bytes() + " ".join(command(kind, "cc", Path("x"))).encode()).hexdigest()[:12]
+    return cache_dir() / "kernels" / f"rowwise-{kind}-{key}.so"
+
+
+def build(kind: str, cc: str | None, log=None) -> Path:
+    """Compile ``rowwise.c`` for ``kind`` unless a cached build exists; returns the library."""
+    path = library_path(kind)
+    if path.is_file():
+        return path
+    if cc is None:
+        raise RuntimeError("no C compiler (gcc) on this machine, and no cached build of the kernels")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if log:
+        log(f"compiling the batch-invariant {kind} kernels once ({SOURCE.name}, ~2 s) into {path.parent}")
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    cmd = command(kind, cc, tmp)
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    except OSError as exc:
+        raise RuntimeError(f"{cc} could not run: {exc}") from exc
+    if done.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise RuntimeError(f"{' '.join(cmd[:2])} failed: {done.stderr.strip()[-400:]}")
+    os.replace(tmp, path)        # atomic: a half-written library is never loaded
+    return path
+
+
+def load(log=None):
+    """The loaded library, or None (``why_not()`` says why). Tried once per process."""
+    global _lib, _why_not
+    if _lib is not None or _why_not is not None:
+        return _lib
+    kind, cc = isa(), compiler()
+    if kind is None:
+        _why_not = "this CPU has no AVX2 + FMA"
+    else:
+        try:
+            lib = ctypes.CDLL(str(build(kind, cc, log)))
+        except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+            _why_not = f"building the kernels failed: {exc}"
+        else:
+            lib.rowwise_linear.restype = None
+            lib.rowwise_linear.argtypes = [
+                ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
+                ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
+            lib.rowwise_attention.restype = None
+            lib.rowwise_attention.argtypes = [
+                ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
+                ctypes.c_long, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p,
+                ctypes.c_int]
+            lib.rowwise_group.restype = ctypes.c_int
+            lib.rowwise_rmsnorm.restype = lib.rowwise_silu_mul.restype = None
+            lib.rowwise_rmsnorm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                            ctypes.c_float, ctypes.c_void_p]
+            lib.rowwise_silu_mul.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+            lib.kind = kind
+            _lib = lib
+    return _lib
+
+
+def why_not() -> str | None:
+    """Why the kernels are unavailable (after ``load``), or None."""
+    return _why_not
+
+
+def reset() -> None:
+    """Forget the load attempt (tests that simulate a missing compiler)."""
+    global _lib, _why_not
+    _lib, _why_not = None, None
+
+
+def group() -> int:
+    """Output columns per packed group (``rowwise.c``): 64 with AVX-512, 32 with AVX2."""
+    return _lib.rowwise_group()
+
+
+class Packed:
+    """A linear layer's weight (N, K) packed for ``linear``: groups of G output columns,
+    each k-major (G, K) -> (K, G), N padded with zero rows to a multiple of G. float32 or
+    bfloat16, as given."""
+
+    def __init__(self, weight: torch.Tensor):
+        N, K = weight.shape
+        g = group()
+        w = weight.detach()
+        if N % g:
+            w = torch.cat([w, w.new_zeros(g - N % g, K)])      # new_zeros: on w's device
+        self.data = w.view(-1, g, K).transpose(1, 2).contiguous()        # (N/G, K, G)
+        self.out_features, self.in_features = N, K
+        self.bf16 = int(w.dtype == torch.bfloat16)
+
+
+def linear(x: torch.Tensor, weight: Packed) -> torch.Tensor:
+    """``x @ W.T`` in float32, each row's bits independent of the other rows.
+
+    x (..., K) float32 with unit stride on K; ``weight`` a ``Packed`` (N, K).
+    Returns (..., N) float32."""
+    K, N = weight.in_features, weight.out_features
+    rows = x.reshape(-1, K)
+    if rows.stride(-1) != 1 or (rows.shape[0] > 1 and rows.stride(0) < K):
+        rows = rows.contiguous()
+    M = rows.shape[0]
+    out = torch.empty(M, N, dtype=torch.float32, device="cpu")
+    _lib.rowwise_linear(rows.data_ptr(), rows.stride(0) if M > 1 else K, M, weight.data.data_ptr(),
+                        weight.bf16, N, K, out.data_ptr(), N, torch.get_num_threads())
+    return out.view(*x.shape[:-1], N)
+
+
+def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
+              scale: float) -> torch.Tensor:
+    """Softmax attention of each query row over the keys it may see, row- and head-wise.
+
+    q (n, Hq, d) float32 with unit stride on d; keys, values (Hkv, L, d) with the same
+    layout as each other, unit strides on d and L·d; mask (n, L) bool (True = visible) or
+    None (causal over the last n keys). Returns (n, Hq·d) float32."""
+    n, Hq, d = q.shape
+    Hkv, L, _ = keys.shape
+    assert keys.stride() == values.stride() and keys.stride()[1:] == (d, 1) and q.stride(-1) == 1
+    threads = torch.get_num_threads()
+    out = torch.empty(n, Hq * d, dtype=torch.float32, device="cpu")
+    scratch = torch.empty(threads, L + 16, dtype=torch.float32, device="cpu")
+    if mask is not None:
+        mask = mask.to(torch.uint8).contiguous()
+    _lib.rowwise_attention(q.data_ptr(), q.stride(0), q.stride(1), keys.data_ptr(), values.data_ptr(),
+                           keys.stride(0), n, Hq, Hkv, d, L, mask.data_ptr() if mask is not None else None,
+                           float(scale), out.data_ptr(), Hq * d, scratch.data_ptr(), threads)
+    return out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Llama's RMSNorm of each row of x (n, H) float32 contiguous; weight (H,) float32."""
+    n, H = x.shape
+    out = torch.empty_like(x)
+    _lib.rowwise_rmsnorm(x.data_ptr(), n, H, weight.data_ptr(), float(eps), out.data_ptr())
+    return out
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU: silu(gate) * up from the [gate; up] projection (n, 2I) float32 contiguous -> (n, I)."""
+    n, two_i = gate_up.shape
+    out = torch.empty(n, two_i // 2, dtype=torch.float32, device="cpu")
+    _lib.rowwise_silu_mul(gate_up.data_ptr(), n, two_i // 2, out.data_ptr())
+    return out

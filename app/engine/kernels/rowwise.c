@@ -1,0 +1,356 @@
+/* Batch-invariant CPU kernels for the target's decode/verify forward.
+ *
+ * Why by hand: a decode step multiplies a handful of rows (1 token, or the root plus a
+ * draft tree) by every weight of the model. Such a step is bound by reading the weights,
+ * so it should cost about one pass over them whatever the number of rows. MKL's small-M
+ * sgemm does not do that (it reads the weights about once per row for 2-3 rows), and no
+ * library kernel promises the second property the engine needs: that a row's result has
+ * the same bits whether it is computed alone or beside others. Without it a greedy EAGLE
+ * run and plain decoding of the same model part after a near-tie (the tree's rows round
+ * differently from the single token's), which is what "lossless" forbids.
+ *
+ * Both kernels here compute every output element with one fixed sequence of operations
+ * that depends on the problem (K, head_dim, the key length) and never on the number of
+ * rows, on which row it is, or on the number of threads:
+ *
+ *   linear     y[m][n] = one FMA chain over k = 0 .. K-1 in order (see below). Rows are
+ *              processed in register blocks of up to MB (the weights are read once per
+ *              block and its rows reuse them from registers); the arithmetic per element
+ *              is the same in every block shape.
+ *   attention  for each (row, head): scores in key order, max, exp, sum in key order,
+ *              output accumulated in key order; one (row, head) never looks at another.
+ *
+ * Weights may be float32 or bfloat16 (stored as uint16: the high half of a float32, so the
+ * widening is exact); activations and accumulation are float32.
+ *
+ * Built by app/engine/kernels/__init__.py with gcc, once per CPU kind, for AVX-512 or
+ * AVX2 + FMA (chosen at run time), and called through ctypes.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* ---- a 16-float vector on either ISA ------------------------------------------------ */
+#if defined(__AVX512F__)
+typedef __m512 v16;
+static inline v16 v_zero(void) { return _mm512_setzero_ps(); }
+static inline v16 v_load(const float *p) { return _mm512_loadu_ps(p); }
+static inline v16 v_load_bf16(const uint16_t *p) {
+    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+static inline v16 v_set1(float a) { return _mm512_set1_ps(a); }
+static inline v16 v_fma(v16 a, v16 b, v16 c) { return _mm512_fmadd_ps(a, b, c); }
+static inline void v_store(float *p, v16 a) { _mm512_storeu_ps(p, a); }
+static inline v16 v_add(v16 a, v16 b) { return _mm512_add_ps(a, b); }
+static inline v16 v_mul(v16 a, v16 b) { return _mm512_mul_ps(a, b); }
+static inline v16 v_div(v16 a, v16 b) { return _mm512_div_ps(a, b); }
+static inline v16 v_neg(v16 a) { return _mm512_sub_ps(_mm512_setzero_ps(), a); }
+#else
+typedef struct { __m256 lo, hi; } v16;
+static inline v16 v_zero(void) { v16 r = {_mm256_setzero_ps(), _mm256_setzero_ps()}; return r; }
+static inline v16 v_load(const float *p) { v16 r = {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; return r; }
+static inline __m256 bf16x8(const uint16_t *p) {
+    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+static inline v16 v_load_bf16(const uint16_t *p) { v16 r = {bf16x8(p), bf16x8(p + 8)}; return r; }
+static inline v16 v_set1(float a) { v16 r = {_mm256_set1_ps(a), _mm256_set1_ps(a)}; return r; }
+static inline v16 v_fma(v16 a, v16 b, v16 c) {
+    v16 r = {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
+    return r;
+}
+static inline void v_store(float *p, v16 a) { _mm256_storeu_ps(p, a.lo); _mm256_storeu_ps(p + 8, a.hi); }
+static inline v16 v_add(v16 a, v16 b) { v16 r = {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; return r; }
+static inline v16 v_mul(v16 a, v16 b) { v16 r = {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; return r; }
+static inline v16 v_div(v16 a, v16 b) { v16 r = {_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)}; return r; }
+static inline v16 v_neg(v16 a) { return v_add(v_zero(), v_mul(a, v_set1(-1.0f))); }
+#endif
+
+/* The fixed lane tree: (l, l+8), then (l, l+4), (l, l+2), (l, l+1), in shuffles. */
+#if defined(__AVX512F__)
+static inline float v_sum(v16 a) {
+    __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+#else
+static inline float v_sum(v16 a) {
+    __m256 s8 = _mm256_add_ps(a.lo, a.hi);
+#endif
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    __m128 s1 = _mm_add_ss(s2, _mm_movehdup_ps(s2));
+    return _mm_cvtss_f32(s1);
+}
+
+/* exp(x) lane by lane: x = n ln2 + r, |r| <= ln2/2, e^r by a degree-6 polynomial (Horner,
+ * FMA), 2^n through the exponent bits. Relative error ~2e-7 on [-87, 88]; below -87 it
+ * returns 0. The same instruction sequence for every lane, so a value does not depend on
+ * where in a vector it sits. */
+static inline v16 v_exp(v16 x) {
+    const float LOG2E = 1.44269504f, LN2_HI = 0.693359375f, LN2_LO = -2.12194440e-4f;
+    float xs[16], out[16];
+    v_store(xs, x);
+    for (int l = 0; l < 16; l++) {                 /* branch-free: gcc vectorises it */
+        float v = xs[l] > 88.0f ? 88.0f : xs[l];
+        v = v < -87.0f ? -87.0f : v;
+        float n = nearbyintf(v * LOG2E);
+        float r = fmaf(-n, LN2_HI, v);
+        r = fmaf(-n, LN2_LO, r);
+        float p = 1.3981999507e-3f;
+        p = fmaf(p, r, 8.3334519073e-3f);
+        p = fmaf(p, r, 4.1665795894e-2f);
+        p = fmaf(p, r, 1.6666665459e-1f);
+        p = fmaf(p, r, 5.0000001201e-1f);
+        p = fmaf(p, r, 1.0f);
+        p = fmaf(p, r, 1.0f);
+        int32_t e = ((int32_t)n + 127) << 23;
+        float scale;
+        memcpy(&scale, &e, 4);
+        out[l] = xs[l] < -87.0f ? 0.0f : p * scale;
+    }
+    return v_load(out);
+}
+
+/* ---- linear ------------------------------------------------------------------------- */
+/* The weight W (N, K) is packed once (``pack`` in __init__.py) into groups of G output
+ * columns, each group stored k-major: P[g][k][c] = W[g*G + c][k], zero rows padding N up to
+ * a multiple of G. Reading a group is then one sequential stream, and the kernel needs no
+ * horizontal sums: lane c of the vector at (g, k) belongs to output column g*G + c.
+ *
+ *   y[m][n] = fma(x[m][K-1], W[n][K-1], ... fma(x[m][1], W[n][1], x[m][0] * W[n][0] + 0))
+ *
+ * one chain in ascending k for every element, whatever the block it falls in. A block is
+ * MB rows of x against one group: MB x GV accumulators, GV weight vectors loaded once per
+ * k and reused by every row from registers. */
+#if defined(__AVX512F__)
+typedef __m512 vn;                       /* the native vector: 16 floats */
+#define VW 16
+#define GV 2                             /* vectors per group: G = 32 columns */
+#define MB 12                            /* 24 accumulators + 2 weights + 1 broadcast of 32 */
+static inline vn n_zero(void) { return _mm512_setzero_ps(); }
+static inline vn n_load(const float *p) { return _mm512_loadu_ps(p); }
+static inline vn n_load_bf16(const uint16_t *p) {
+    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+static inline vn n_set1(float a) { return _mm512_set1_ps(a); }
+static inline vn n_fma(vn a, vn b, vn c) { return _mm512_fmadd_ps(a, b, c); }
+static inline void n_store(float *p, vn a) { _mm512_storeu_ps(p, a); }
+#else
+typedef __m256 vn;                       /* 8 floats */
+#define VW 8
+#define GV 2                             /* G = 16 columns */
+#define MB 6                             /* 12 accumulators + 2 weights + 1 broadcast of 16 */
+static inline vn n_zero(void) { return _mm256_setzero_ps(); }
+static inline vn n_load(const float *p) { return _mm256_loadu_ps(p); }
+static inline vn n_load_bf16(const uint16_t *p) { return bf16x8(p); }
+static inline vn n_set1(float a) { return _mm256_set1_ps(a); }
+static inline vn n_fma(vn a, vn b, vn c) { return _mm256_fmadd_ps(a, b, c); }
+static inline void n_store(float *p, vn a) { _mm256_storeu_ps(p, a); }
+#endif
+#define G (VW * GV)
+
+int rowwise_group(void) { return G; }
+
+/* One block: rows [0, mb) of x against one packed group (K x G). `mb` is a compile-time
+ * constant at every call site (the switch below), so the loops unroll into registers. */
+#define DEFINE_BLOCK(NAME, WT, LOAD)                                                          \
+static inline __attribute__((always_inline)) void NAME(                                       \
+        const float *x, long ldx, const WT *wg, float *y, long ldy, int K, int ncols,        \
+        const int mb) {                                                                       \
+    vn acc[MB][GV];                                                                           \
+    for (int i = 0; i < mb; i++)                                                              \
+        for (int v = 0; v < GV; v++) acc[i][v] = n_zero();                                    \
+    for (int k = 0; k < K; k++) {                                                             \
+        vn wv[GV];                                                                            \
+        for (int v = 0; v < GV; v++) wv[v] = LOAD(wg + (long)k * G + v * VW);                 \
+        for (int i = 0; i < mb; i++) {                                                        \
+            vn xk = n_set1(x[i * ldx + k]);                                                   \
+            for (int v = 0; v < GV; v++) acc[i][v] = n_fma(xk, wv[v], acc[i][v]);             \
+        }                                                                                     \
+    }                                                                                         \
+    for (int i = 0; i < mb; i++) {                                                            \
+        if (ncols == G) {                                                                     \
+            for (int v = 0; v < GV; v++) n_store(y + i * ldy + v * VW, acc[i][v]);            \
+        } else {                         /* the last group: padding columns are not stored */ \
+            float tmp[G];                                                                     \
+            for (int v = 0; v < GV; v++) n_store(tmp + v * VW, acc[i][v]);                    \
+            memcpy(y + i * ldy, tmp, sizeof(float) * ncols);                                  \
+        }                                                                                     \
+    }                                                                                         \
+}
+
+DEFINE_BLOCK(block_f32, float, n_load)
+DEFINE_BLOCK(block_bf16, uint16_t, n_load_bf16)
+
+#define CASE(BLOCK, R) case R: BLOCK(xb, ldx, wg, yb, ldy, K, ncols, R); break;
+#define CASES6(BLOCK) CASE(BLOCK, 1) CASE(BLOCK, 2) CASE(BLOCK, 3) CASE(BLOCK, 4) CASE(BLOCK, 5) CASE(BLOCK, 6)
+#if MB == 12
+#define ALL_CASES(BLOCK) CASES6(BLOCK) CASE(BLOCK, 7) CASE(BLOCK, 8) CASE(BLOCK, 9) CASE(BLOCK, 10) \
+                         CASE(BLOCK, 11) CASE(BLOCK, 12)
+#else
+#define ALL_CASES(BLOCK) CASES6(BLOCK)
+#endif
+
+/* Every row block of x against groups [g0, g1): a group stays in the L2 cache while the
+ * row blocks pass over it, so a long input (a prefill) still reads the weights once. */
+#define DEFINE_GROUPS(NAME, WT, BLOCK)                                                        \
+static void NAME(const float *x, long ldx, int M, const WT *w, int g0, int g1, int N, int K,  \
+                 float *y, long ldy) {                                                        \
+    for (int g = g0; g < g1; g++) {                                                           \
+        const WT *wg = w + (long)g * K * G;                                                   \
+        int ncols = N - g * G < G ? N - g * G : G;                                            \
+        for (int m = 0; m < M; m += MB) {                                                     \
+            const float *xb = x + (long)m * ldx;                                              \
+            float *yb = y + (long)m * ldy + (long)g * G;                                      \
+            switch (M - m < MB ? M - m : MB) { ALL_CASES(BLOCK) }                             \
+        }                                                                                     \
+    }                                                                                         \
+}
+
+DEFINE_GROUPS(groups_f32, float, block_f32)
+DEFINE_GROUPS(groups_bf16, uint16_t, block_bf16)
+
+/* y (M, N), row stride ldy  =  x (M, K), row stride ldx  @  W.T, W packed as above.
+ * wbf16: the packed weight holds bfloat16 (uint16) rather than float32. */
+void rowwise_linear(const float *x, long ldx, int M, const void *w, int wbf16, int N, int K,
+                    float *y, long ldy, int threads) {
+    int groups = (N + G - 1) / G;
+    if (threads > groups) threads = groups;
+    #pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+#ifdef _OPENMP
+        int t = omp_get_thread_num(), nt = omp_get_num_threads();
+#else
+        int t = 0, nt = 1;
+#endif
+        int g0 = (int)((long)groups * t / nt), g1 = (int)((long)groups * (t + 1) / nt);
+        if (wbf16) groups_bf16(x, ldx, M, (const uint16_t *)w, g0, g1, N, K, y, ldy);
+        else groups_f32(x, ldx, M, (const float *)w, g0, g1, N, K, y, ldy);
+    }
+}
+
+/* ---- attention ---------------------------------------------------------------------- */
+static inline float dot(const float *a, const float *b, int d) {
+    v16 acc = v_zero();
+    int t = 0;
+    for (; t + 16 <= d; t += 16) acc = v_fma(v_load(a + t), v_load(b + t), acc);
+    float s = v_sum(acc);
+    for (; t < d; t++) s = fmaf(a[t], b[t], s);
+    return s;
+}
+
+/* out[i][h*d + t] = softmax_j(scale * q_i,h . k_j) v_j over the keys row i may see.
+ *   q       (n rows, Hq heads, d): q + i*q_row + h*q_head
+ *   k, v    (Hkv heads, L keys, d): k + g*kv_head + j*d      (head h reads g = h / (Hq/Hkv))
+ *   mask    (n, L) bytes, nonzero = visible; NULL: row i sees keys j <= L - n + i (causal)
+ *   out     (n, Hq*d), row stride ldo
+ *   scratch (threads, L + 16) floats
+ * Masked keys get probability exactly 0 and are skipped, so a row's result is the same
+ * whether the keys it does not see are absent (a decode step) or masked (a tree). */
+void rowwise_attention(const float *q, long q_row, long q_head, const float *k, const float *v,
+                       long kv_head, int n, int Hq, int Hkv, int d, int L, const uint8_t *mask,
+                       float scale, float *out, long ldo, float *scratch, int threads) {
+    int group = Hq / Hkv;
+    #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && n * Hq > 1)
+    for (int task = 0; task < n * Hq; task++) {
+        int i = task / Hq, h = task % Hq, g = h / group;
+#ifdef _OPENMP
+        float *p = scratch + (long)omp_get_thread_num() * (L + 16);
+#else
+        float *p = scratch;
+#endif
+        const float *qi = q + (long)i * q_row + (long)h * q_head;
+        const float *kg = k + (long)g * kv_head, *vg = v + (long)g * kv_head;
+        const uint8_t *row = mask ? mask + (long)i * L : NULL;
+        int keys = mask ? L : L - n + i + 1;          /* causal: row i sees keys [0, keys) */
+        float mx = -INFINITY;
+        for (int j = 0; j < keys; j++) {
+            if (row && !row[j]) { p[j] = -INFINITY; continue; }
+            p[j] = scale * dot(qi, kg + (long)j * d, d);
+            if (p[j] > mx) mx = p[j];
+        }
+        for (int j = keys; j < keys + 16; j++) p[j] = -INFINITY;
+        v16 m = v_set1(mx);
+        for (int j = 0; j < keys; j += 16) {
+            v16 e = v_exp(v_add(v_load(p + j), v_neg(m)));     /* -inf - mx -> exp gives 0 */
+            v_store(p + j, e);
+        }
+        float sum = 0.0f;
+        for (int j = 0; j < keys; j++) sum += p[j];
+        float *o = out + (long)i * ldo + (long)h * d;
+        float inv = 1.0f / sum;
+        int t = 0;
+        for (; t + 64 <= d; t += 64) {        /* 4 chunks of 16 per pass over the keys */
+            v16 a0 = v_zero(), a1 = v_zero(), a2 = v_zero(), a3 = v_zero();
+            for (int j = 0; j < keys; j++) {
+                if (p[j] == 0.0f) continue;
+                const float *vj = vg + (long)j * d + t;
+                v16 pj = v_set1(p[j]);
+                a0 = v_fma(pj, v_load(vj), a0);
+                a1 = v_fma(pj, v_load(vj + 16), a1);
+                a2 = v_fma(pj, v_load(vj + 32), a2);
+                a3 = v_fma(pj, v_load(vj + 48), a3);
+            }
+            v16 sc = v_set1(inv);
+            v_store(o + t, v_mul(a0, sc));
+            v_store(o + t + 16, v_mul(a1, sc));
+            v_store(o + t + 32, v_mul(a2, sc));
+            v_store(o + t + 48, v_mul(a3, sc));
+        }
+        for (; t + 16 <= d; t += 16) {
+            v16 acc = v_zero();
+            for (int j = 0; j < keys; j++)
+                if (p[j] != 0.0f) acc = v_fma(v_set1(p[j]), v_load(vg + (long)j * d + t), acc);
+            v_store(o + t, v_mul(acc, v_set1(inv)));
+        }
+        for (; t < d; t++) {
+            float s = 0.0f;
+            for (int j = 0; j < keys; j++)
+                if (p[j] != 0.0f) s = fmaf(p[j], vg[(long)j * d + t], s);
+            o[t] = s * inv;
+        }
+    }
+}
+
+/* ---- element-wise ------------------------------------------------------------------- */
+/* Per row: out = x / sqrt(mean(x^2) + eps) * w. The sum of squares: 16 lanes over ascending
+ * chunks, the fixed lane tree, then the tail in order. */
+void rowwise_rmsnorm(const float *x, int n, int H, const float *w, float eps, float *out) {
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + (long)i * H;
+        float *oi = out + (long)i * H;
+        v16 acc = v_zero();
+        int t = 0;
+        for (; t + 16 <= H; t += 16) { v16 a = v_load(xi + t); acc = v_fma(a, a, acc); }
+        float ss = v_sum(acc);
+        for (; t < H; t++) ss = fmaf(xi[t], xi[t], ss);
+        float r = 1.0f / sqrtf(ss / (float)H + eps);
+        for (t = 0; t < H; t++) oi[t] = (xi[t] * r) * w[t];
+    }
+}
+
+/* SwiGLU's product: out[i][t] = silu(gu[i][t]) * gu[i][I + t], silu(g) = g / (1 + e^-g).
+ * gu (n, 2I): the [gate; up] projection's output. */
+void rowwise_silu_mul(const float *gu, int n, int I, float *out) {
+    for (int i = 0; i < n; i++) {
+        const float *g = gu + (long)i * 2 * I, *u = g + I;
+        float *o = out + (long)i * I;
+        int t = 0;
+        for (; t + 16 <= I; t += 16) {
+            v16 gv = v_load(g + t);
+            v16 e = v_exp(v_neg(gv));
+            v_store(o + t, v_mul(v_div(gv, v_add(v_set1(1.0f), e)), v_load(u + t)));
+        }
+        for (; t < I; t++) {
+            float pad[16] = {0};
+            pad[0] = -g[t];
+            float e[16];
+            v_store(e, v_exp(v_load(pad)));
+            o[t] = (g[t] / (1.0f + e[0])) * u[t];
+        }
+    }
+}

@@ -1,0 +1,115 @@
+"""The fast target forward: a Llama decoder whose weight products read each weight once per
+step, and whose rows have the same bits however many rows a step has.
+
+A decode or verify step multiplies 1 to ~64 rows (the root and the draft tree) by every
+weight of the model, so on a CPU its cost is the time to read the weights: for
+SmolLM2-135M in float32, 538 MB, about 20 ms at one core's ~26 GB/s. transformers' eager
+forward reaches ~60 ms at one row and grows steeply with the row count (MKL's small-M sgemm
+reads the weights about once per row for 2-3 rows), which is why speculative decoding did
+not pay on AVX2 CPUs. ``app/engine/kernels`` computes x @ W.T over pre-packed weights in
+one pass for up to 6 rows (AVX-512; 2 on AVX2, the block then re-reads a weight group from
+the L2 cache), and softmax attention row by row; benchmarks/fast-forward/ has the
+measurements against the alternatives (inductor, oneDNN, MKL).
+
+Exactness. Greedy EAGLE is lossless only if the target's logits for a position do not depend
+on how many other rows the forward carried: the tree's root row must be the token plain
+decoding would have computed alone. Every operation here is row-independent by
+construction: the kernels (products, attention, RMSNorm, SwiGLU) fix each element's order
+of operations (``rowwise.c``), RoPE reads cos/sin from a per-position table, and the
+remaining torch ops (RoPE's products, residual adds) are single IEEE operations per element. So a run's vanilla steps, its prefill rows
+and its verify rows agree bit for bit (tested over tree sizes), in float32 and in the
+bfloat16 mode alike.
+
+bfloat16 mode: the weights are stored in bfloat16 (half the bytes to read), activations,
+the KV cache and all accumulation stay float32. Its output may differ from a float32 run
+(the weights are rounded), never from its own vanilla.
+
+Only what ``fused.supports`` accepts (plain Llama/Mistral decoders, SDPA) runs here, on a
+CPU with AVX2 + FMA and a C compiler; anything else keeps the eager forward.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from app.engine import kernels
+from app.engine.fused import FusedLlamaDecoder
+
+
+class RowwiseLlamaDecoder(FusedLlamaDecoder):
+    """``FusedLlamaDecoder``'s signature and arithmetic plan on the batch-invariant kernels.
+
+    Returns float32 hidden states whatever the model's dtype (``logits`` reads them)."""
+
+    # part of the autotune cost-cache key: cached cost curves of another forward are not reused
+    name = "rowwise-v1"
+
+    @torch.no_grad()
+    def __init__(self, model: nn.Module):
+        super().__init__(model)
+        self.dtype = next(model.parameters()).dtype
+        for w in self.layers:
+            for key in ("qkv", "o", "gate_up", "down"):
+                w[key] = kernels.Packed(w[key])
+            layer = w["layer"]
+            w["norm1"] = layer.input_layernorm.weight.detach().float()
+            w["norm2"] = layer.post_attention_layernorm.weight.detach().float()
+            w["eps1"] = layer.input_layernorm.variance_epsilon
+            w["eps2"] = layer.post_attention_layernorm.variance_epsilon
+        self.final_norm = self.body.norm.weight.detach().float()
+        self.final_eps = self.body.norm.variance_epsilon
+        self.lm_head = kernels.Packed(model.get_output_embeddings().weight)
+        self._cos = self._sin = torch.empty(0, device="cpu")
+
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (n, d) of these positions, read from a table (grown in powers of two): a
+        position's values never depend on which others share the forward."""
+        need = int(positions.max()) + 1
+        if need > self._cos.shape[0]:
+            size = max(256, 1 << (need - 1).bit_length())
+            probe = torch.zeros(1, 1, self.head_dim, device="cpu")
+            cos, sin = self.body.rotary_emb(probe, torch.arange(size, device="cpu")[None])
+            self._cos, self._sin = cos[0].float(), sin[0].float()                 # (size, d)
+        return self._cos[positions[0]], self._sin[positions[0]]
+
+    def __call__(self, ids, positions, mask, cache, layers: tuple[int, ...] = ()):
+        n = ids.shape[1]
+        x = self.body.embed_tokens(ids)[0].float()                              # (n, H)
+        cos, sin = self._rope(positions)                                        # (n, d)
+        keep = None if mask is None else mask[0, 0]                            # (n, L) bool
+        qk_heads = self.heads + self.kv_heads
+        d = self.head_dim
+        taps: dict[int, torch.Tensor] = {}
+        for i, w in enumerate(self.layers):
+            if i in layers:
+                taps[i] = x
+            qkv = kernels.linear(kernels.rms_norm(x, w["norm1"], w["eps1"]), w["qkv"])
+            qk, v = qkv.split([qk_heads * d, self.kv_heads * d], dim=-1)       # (n, (Hq+Hkv)·d), (n, Hkv·d)
+            qk = qk.view(n, qk_heads, d).transpose(0, 1)                        # (Hq+Hkv, n, d)
+            qk = qk * cos + _rotate_half(qk) * sin
+            q, k = qk.split([self.heads, self.kv_heads], dim=0)                 # (Hq, n, d), (Hkv, n, d)
+            v = v.view(n, self.kv_heads, d).transpose(0, 1)                     # (Hkv, n, d)
+            keys, values = cache.update(k[None], v[None], i)                    # (1, Hkv, L, d)
+            o = kernels.attention(q.transpose(0, 1), keys[0], values[0], keep, w["scaling"])   # (n, Hq·d)
+            x = x + kernels.linear(o, w["o"])
+            gate_up = kernels.linear(kernels.rms_norm(x, w["norm2"], w["eps2"]), w["gate_up"])   # (n, 2I)
+            x = x + kernels.linear(kernels.silu_mul(gate_up), w["down"])
+        hidden = kernels.rms_norm(x, self.final_norm, self.final_eps)[None]   # (1, n, H)
+        if not layers:
+            return hidden
+        return hidden, torch.cat([taps[i] for i in layers], dim=-1)[None]     # (1, n, k·H)
+
+    def prefill(self, ids, cache, layers: tuple[int, ...] = ()):
+        """The prompt's forward (causal, positions 0..m-1) on the same kernels, so that the
+        cache holds the same bits a decode step would have written."""
+        positions = torch.arange(ids.shape[1], device="cpu")[None]
+        return self(ids, positions, None, cache, layers)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., H) -> (..., V) float32 through the target's LM head, row-independent."""
+        return kernels.linear(hidden.float(), self.lm_head)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

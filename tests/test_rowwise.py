@@ -1,0 +1,193 @@
+"""The fast target forward (app/engine/rowwise.py on app/engine/kernels): it computes what
+the model computes, a row's bits never depend on the other rows of its forward (so greedy
+EAGLE equals the same engine's vanilla in float32 and bfloat16 alike), its build is cached,
+and without a compiler the engine falls back to the eager forward with one line."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from app.engine import fused, kernels, kv
+from app.engine.config import SamplingConfig, TreeConfig
+from app.engine.engine import Engine
+from app.engine.loading import Target
+from app.engine.rowwise import RowwiseLlamaDecoder
+from app.engine.tree import tree_attention_mask
+from tests.tiny import tiny_target
+
+pytestmark = pytest.mark.skipif(kernels.load() is None, reason=f"fast kernels unavailable: {kernels.why_not()}")
+
+
+def random_tree(n: int, seed: int) -> list[int]:
+    """Parents of n nodes, each under the root (-1) or an earlier node."""
+    rng = random.Random(seed)
+    return [rng.randrange(-1, i) for i in range(n)]
+
+
+def depths_of(parents: list[int]) -> list[int]:
+    depths: list[int] = []
+    for p in parents:
+        depths.append(1 if p == -1 else depths[p] + 1)
+    return depths
+
+
+@torch.inference_mode()
+def tree_rows_equal_decoded_rows(decoder, model, prefix: list[int], root: int, tokens: list[int],
+                                 parents: list[int], nodes: list[int]) -> None:
+    """The tree forward's row for each node in ``nodes`` (hidden state and logits) equals the
+    row plain decoding computes for it: the root and then its ancestors fed one token at a
+    time on the same prefix."""
+    cache = kv.preallocated_cache(model, len(prefix) + len(tokens) + 8)
+    decoder.prefill(torch.tensor([prefix]), cache)
+    m = len(prefix)
+    depths = depths_of(parents)
+    mask = torch.cat([torch.ones(len(tokens) + 1, m, dtype=torch.bool), tree_attention_mask(parents)], 1)
+    pos = torch.tensor([[m] + [m + d for d in depths]])
+    tree_hidden = decoder(torch.tensor([[root] + tokens]), pos, mask[None, None], cache)[0]   # (N+1, H)
+    tree_logits = decoder.logits(tree_hidden)
+    for node in nodes:
+        path = [node]
+        while parents[path[-1]] != -1:
+            path.append(parents[path[-1]])
+        chain = [root] + [tokens[i] for i in reversed(path)]
+        kv.crop(cache, m)
+        for j, tok in enumerate(chain):
+            hidden = decoder(torch.tensor([[tok]]), torch.tensor([[m + j]]), None, cache)[0, 0]
+        assert torch.equal(hidden, tree_hidden[node + 1]), f"node {node}: {(hidden - tree_hidden[node + 1]).abs().max()}"
+        assert torch.equal(decoder.logits(hidden[None])[0], tree_logits[node + 1])
+    kv.crop(cache, m)
+    # the root alone, as a vanilla step computes it
+    alone = decoder(torch.tensor([[root]]), torch.tensor([[m]]), None, cache)[0, 0]
+    assert torch.equal(alone, tree_hidden[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n", [1, 5, 13, 40])
+def test_tree_rows_are_bit_identical_to_one_token_steps_tiny(n, dtype):
+    target = tiny_target(seed=4)
+    target.model.to(dtype)
+    decoder = fused.decoder_forward(Target(model=target.model, tokenizer=target.tokenizer, name="tiny",
+                                           device=target.device, dtype=dtype))
+    assert isinstance(decoder, RowwiseLlamaDecoder)
+    rng = random.Random(n)
+    parents = random_tree(n, seed=n)
+    tokens = [rng.randrange(3, 100) for _ in range(n)]
+    nodes = sorted(range(n), key=lambda i: -depths_of(parents)[i])[:4]     # the deepest ones
+    tree_rows_equal_decoded_rows(decoder, target.model, [5, 6, 7, 8, 9, 10, 11], 12, tokens, parents, nodes)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [3, 24])
+def test_tree_rows_are_bit_identical_to_one_token_steps_embedded(embedded_target, n):
+    decoder = fused.decoder_forward(embedded_target)
+    assert isinstance(decoder, RowwiseLlamaDecoder)
+    ids = embedded_target.tokenizer("A hash map stores keys and values so that a lookup")["input_ids"]
+    rng = random.Random(n)
+    parents = random_tree(n, seed=n)
+    tokens = [rng.randrange(100, 40000) for _ in range(n)]
+    deepest = max(range(n), key=lambda i: depths_of(parents)[i])
+    tree_rows_equal_decoded_rows(decoder, embedded_target.model, ids[:-1], ids[-1], tokens, parents,
+                                 [deepest, n - 1])
+
+
+def answer(engine, tree, n, prompt=None, prompt_ids=None) -> list[int]:
+    events = list(engine.generate(prompt, prompt_ids=prompt_ids, tree=tree, sampling=SamplingConfig(temperature=0.0),
+                                  max_new_tokens=n))
+    return [t for e in events[:-1] for t in e.new_tokens]
+
+
+def test_kernels_compute_what_torch_computes():
+    g = torch.Generator().manual_seed(0)
+    for N, K in [(100, 64), (33, 17), (320, 96)]:
+        w = torch.randn(N, K, generator=g)
+        x = torch.randn(7, K, generator=g)
+        torch.testing.assert_close(kernels.linear(x, kernels.Packed(w)), x @ w.T, rtol=1e-5, atol=1e-5)
+        wb = w.bfloat16()
+        torch.testing.assert_close(kernels.linear(x, kernels.Packed(wb)), x @ wb.float().T, rtol=1e-5, atol=1e-5)
+    x = torch.randn(5, 96, generator=g) * 3
+    w = torch.rand(96, generator=g) + 0.5
+    torch.testing.assert_close(kernels.rms_norm(x, w, 1e-5), F.rms_norm(x, (96,), w, 1e-5), rtol=2e-6, atol=1e-6)
+    gu = torch.randn(5, 2 * 40, generator=g) * 4      # 40: a vector body and a tail
+    torch.testing.assert_close(kernels.silu_mul(gu), F.silu(gu[:, :40]) * gu[:, 40:], rtol=2e-6, atol=1e-6)
+    # attention: 6 query heads over 2 key/value heads, a tree mask and the causal default
+    n, L, d = 4, 23, 40
+    q = torch.randn(n, 6, d, generator=g)
+    k, v = torch.randn(2, L, d, generator=g), torch.randn(2, L, d, generator=g)
+    mask = torch.rand(n, L, generator=g) > 0.4
+    mask[:, 0] = True
+    ref = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k[None], v[None], attn_mask=mask[None, None],
+                                         scale=0.3, enable_gqa=True)[0].transpose(0, 1).reshape(n, -1)
+    torch.testing.assert_close(kernels.attention(q, k, v, mask, 0.3), ref, rtol=1e-5, atol=1e-5)
+    causal = torch.ones(n, L, dtype=torch.bool).tril(L - n)
+    torch.testing.assert_close(kernels.attention(q, k, v, None, 0.3), kernels.attention(q, k, v, causal, 0.3),
+                               rtol=0, atol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_greedy_eagle_equals_vanilla_on_the_fast_forward(dtype):
+    """The engine's lossless claim in the fast mode: greedy EAGLE with the shipped head, over
+    tree sizes from a chain to the paper's 60 nodes, gives exactly the tokens of the same
+    engine's vanilla decoding."""
+    from app.engine.factory import load_engine
+
+    engine, _ = load_engine(device="cpu", dtype=dtype)
+    assert isinstance(engine.decoder, RowwiseLlamaDecoder)
+    for prompt in ("Write a short poem about the sea.", "What is 17 times 23? Show the steps."):
+        vanilla = answer(engine, TreeConfig(method="vanilla"), 40, prompt)
+        for tree in (TreeConfig(method="chain", depth=4), TreeConfig(total_tokens=8, depth=3, top_k=3),
+                     TreeConfig(total_tokens=60, depth=5, top_k=10)):
+            assert answer(engine, tree, 40, prompt) == vanilla, (dtype, prompt, tree.shape())
+
+
+def test_without_a_compiler_the_engine_falls_back_to_eager_with_one_line(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("EAGLE_LENS_CACHE", str(tmp_path))          # no cached build to find
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-gcc"))
+    kernels.reset()
+    try:
+        target = tiny_target(seed=5)
+        engine = Engine(target, None)
+        assert type(engine.decoder) is fused.FusedLlamaDecoder
+        assert "no C compiler" in engine.decoder.fallback_reason
+        err = capsys.readouterr().err
+        assert err.count("[eagle-lens]") == 1 and "eager forward" in err
+        ids = [5, 6, 7, 8, 9]
+        out = answer(engine, TreeConfig(method="vanilla"), 8, prompt_ids=ids)
+        with torch.no_grad():
+            ref = target.model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False)[0, len(ids):]
+        assert out == ref.tolist()[: len(out)] and out
+    finally:
+        kernels.reset()
+
+
+def test_the_build_is_cached_and_reused_without_a_compiler(monkeypatch, tmp_path):
+    monkeypatch.setenv("EAGLE_LENS_CACHE", str(tmp_path))
+    kernels.reset()
+    try:
+        said: list[str] = []
+        assert kernels.load(log=said.append) is not None
+        built = sorted((tmp_path / "kernels").glob("rowwise-*.so"))
+        assert len(built) == 1 and len(said) == 1 and "compiling" in said[0]
+        stamp = built[0].stat().st_mtime_ns
+        kernels.reset()
+        monkeypatch.setenv("CC", str(tmp_path / "no-such-gcc"))     # a warm start needs no compiler
+        said.clear()
+        assert kernels.load(log=said.append) is not None
+        assert said == [] and built[0].stat().st_mtime_ns == stamp
+    finally:
+        kernels.reset()
+
+
+def test_forward_eager_switches_the_fast_forward_off():
+    target = tiny_target(seed=6)
+    off = Target(model=target.model, tokenizer=target.tokenizer, name="tiny", device=target.device,
+                 dtype=target.dtype, forward="eager")
+    decoder = fused.decoder_forward(off)
+    assert type(decoder) is fused.FusedLlamaDecoder and "switched off" in decoder.fallback_reason
+    from app.engine.loading import load_target
+
+    with pytest.raises(ValueError, match="forward must be one of"):
+        load_target(None, forward="fast-please")
