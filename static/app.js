@@ -4,16 +4,33 @@
         a first visit only (remembered in localStorage);
      2. hovering a node of the draft tree lights its row and column in the attention mask;
      3. in-page links: "#tree-size" opens the tab "Tree size for this machine", "#tour" starts
-        the tour.
+        the tour;
+     4. on a phone, Generate scrolls the answer (the token stream) into view;
+     5. a value typed outside a setting's range is kept (not clamped), for Generate to refuse.
      The tour's steps come from app/ui/explain.py (TOUR_STEPS), filled in by app/ui/blocks.py. */
   const TOUR_STEPS = __TOUR_STEPS__;
   const TOUR_KEY = "eagle-lens-tour-done";
 
+  // A tab by its label. On a narrow screen Gradio moves the tabs that do not fit into an
+  // overflow menu ("…"): then its entry there is clicked, so every tab the tour and the
+  // links name is reachable on a phone too.
   const openTab = (label) => {
     if (!label) return;
-    const button = [...document.querySelectorAll("button[role=tab]")]
-      .find((b) => b.textContent.trim() === label);
-    if (button && button.getAttribute("aria-selected") !== "true") button.click();
+    const same = (b) => b.textContent.trim() === label;
+    const button = [...document.querySelectorAll("button[role=tab]")].find(same);
+    if (button) {
+      if (button.getAttribute("aria-selected") !== "true") button.click();
+      return;
+    }
+    const hidden = [...document.querySelectorAll(".overflow-dropdown button")].find(same);
+    if (hidden) hidden.click();
+  };
+  const narrow = () => window.innerWidth < 700;
+  // run ``fn(element)`` once ``selector`` has a box (a tab just opened renders a moment later)
+  const whenDrawn = (selector, fn, tries = 30) => {
+    const el = document.querySelector(selector);
+    if (el && el.getBoundingClientRect().height > 0) fn(el);
+    else if (tries > 0) setTimeout(() => whenDrawn(selector, fn, tries - 1), 100);
   };
 
   // --- 1. the guided tour ------------------------------------------------------------------
@@ -56,10 +73,41 @@
       const target = document.querySelector(selector);
       if (target) {
         target.classList.add("lens-tour-target");
-        target.scrollIntoView({ block: "nearest", behavior: "smooth" });
+        target.scrollIntoView({ block: narrow() ? "start" : "nearest" });
       }
+      placeCard(target);
     }, 60);
   };
+
+  // The card goes to the corner of the screen that covers least of what it points at
+  // (on a phone: the top or the bottom edge, full width).
+  const placeCard = (target) => {
+    if (!card) return;
+    const corners = narrow()
+      ? [{ left: "8px", right: "8px", bottom: "8px", top: "auto" }, { left: "8px", right: "8px", top: "8px", bottom: "auto" }]
+      : [{ right: "18px", bottom: "18px", left: "auto", top: "auto" }, { left: "18px", bottom: "18px", right: "auto", top: "auto" },
+         { right: "18px", top: "18px", left: "auto", bottom: "auto" }, { left: "18px", top: "18px", right: "auto", bottom: "auto" }];
+    card.style.width = narrow() ? "auto" : "340px";
+    if (!target) { Object.assign(card.style, corners[0]); return; }
+    const t = target.getBoundingClientRect();
+    const covered = () => {
+      const c = card.getBoundingClientRect();
+      const w = Math.max(0, Math.min(c.right, t.right) - Math.max(c.left, t.left));
+      const h = Math.max(0, Math.min(c.bottom, t.bottom) - Math.max(c.top, t.top));
+      return w * h;
+    };
+    let best = null;
+    for (const corner of corners) {
+      Object.assign(card.style, corner);
+      const area = covered();
+      if (best === null || area < best.area) best = { corner, area };
+      if (area === 0) break;
+    }
+    Object.assign(card.style, best.corner);
+  };
+  window.addEventListener("resize", () => {
+    if (card && tourIndex >= 0) placeCard(document.querySelector(TOUR_STEPS[tourIndex][0]));
+  });
 
   const startTour = () => showStep(0);
   if (!localStorage.getItem(TOUR_KEY)) {
@@ -81,13 +129,44 @@
     if (href === "#tree-size") {
       event.preventDefault();
       openTab("Tree size for this machine");
-      const tab = document.querySelector("#tree-size-tab");
-      if (tab) setTimeout(() => tab.scrollIntoView({ block: "start", behavior: "smooth" }), 60);
+      whenDrawn("#tree-size-tab", (tab) => tab.scrollIntoView({ block: "start" }));
     } else if (href === "#tour") {
       event.preventDefault();
       startTour();
     }
   });
+
+  // --- 4. on a phone, Generate brings the answer into view -----------------------------------
+  // The stage (tree, player) comes first in the page; on a narrow screen the token stream sits
+  // ~1,300 px further down, so after Generate the page scrolls to it.
+  const showAnswer = () => {
+    if (!narrow()) return;
+    setTimeout(() => {
+      const stream = document.querySelector("#token-stream");
+      if (stream) stream.scrollIntoView({ block: "start" });
+    }, 400);
+  };
+  document.addEventListener("click", (event) => {
+    if (event.target.closest && event.target.closest("#generate-btn")) showAnswer();
+  });
+  document.addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && !event.shiftKey && event.target.closest && event.target.closest("#prompt")) showAnswer();
+  });
+
+  // --- 5. refusal, not clamping --------------------------------------------------------------
+  // A setting's slider clamps a typed value into its range when the box loses focus, and the
+  // run would then go ahead with another value than the one typed. The typed value is kept
+  // instead: Generate's validator refuses it with a message naming the range.
+  window.addEventListener("blur", (event) => {
+    const box = event.target;
+    if (!box || !box.matches || !box.matches("#settings-panel input[type=number]")) return;
+    const value = parseFloat(box.value);
+    const lo = parseFloat(box.min);
+    const hi = parseFloat(box.max);
+    if (Number.isFinite(value) && ((Number.isFinite(lo) && value < lo) || (Number.isFinite(hi) && value > hi))) {
+      event.stopImmediatePropagation();
+    }
+  }, true);
 
   // --- 2. tree node -> its row and column in the attention mask ----------------------------
   const maskGraph = () => document.querySelector("#mask-plot .js-plotly-plot");

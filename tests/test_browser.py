@@ -17,6 +17,7 @@ import pytest
 from app.engine.engine import Engine
 from app.ui import traces
 from app.ui.blocks import build_demo, demo_traces, launch_kwargs
+from app.ui.explain import TOUR_STEPS
 from app.ui.settings import AppContext, ServerConfig
 
 pytestmark = pytest.mark.slow
@@ -245,6 +246,41 @@ def _tree_nodes(page) -> list[dict]:
             for n, x, h, c in zip(nodes["customdata"], nodes["x"], nodes["hovertext"], nodes["marker"]["color"])]
 
 
+OVERLAP_JS = """(sel) => { const card = document.querySelector('#lens-tour'), t = document.querySelector(sel);
+    if (!card || !t) return null;
+    const c = card.getBoundingClientRect(), r = t.getBoundingClientRect();
+    const top = Math.max(r.top, 0), bottom = Math.min(r.bottom, window.innerHeight);   // what is on screen of it
+    const w = Math.max(0, Math.min(c.right, r.right) - Math.max(c.left, r.left));
+    const h = Math.max(0, Math.min(c.bottom, bottom) - Math.max(c.top, top));
+    return {area: w * h, width: r.width, height: r.height}; }"""
+
+
+def _assert_tour_uncovered(page, step: int) -> None:
+    """Tour step ``step``: its target is drawn (its tab open) and the card covers none of it."""
+    selector = TOUR_STEPS[step][0]
+    page.wait_for_function("(sel) => { const t = document.querySelector(sel);"
+                           " return t && t.getBoundingClientRect().height > 0 && "
+                           "t.classList.contains('lens-tour-target'); }", arg=selector)
+    page.wait_for_timeout(200)
+    seen = page.evaluate(OVERLAP_JS, selector)
+    assert seen and seen["area"] == 0, (selector, seen)
+
+
+WORDS_BROKEN_JS = """(sel) => { const broken = [];
+    for (const cell of document.querySelectorAll(sel)) {
+      const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+      for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+        const re = /[A-Za-z0-9.×]{4,}/g; let m;
+        while ((m = re.exec(node.textContent))) {
+          const range = document.createRange(); range.setStart(node, m.index); range.setEnd(node, m.index + m[0].length);
+          const tops = new Set([...range.getClientRects()].map(r => Math.round(r.top)));
+          if (tops.size > 1) broken.push(m[0]);
+        }
+      }
+    }
+    return broken; }"""
+
+
 def _check_mask_and_kv(page, label: str) -> None:
     """The verify views of the step shown agree with its tree, as drawn on the page: the mask's
     lit cells among the root and node columns are the sum over nodes of (depth + 1) (each node
@@ -288,9 +324,14 @@ def test_classroom_screen_demo_settings_views_and_ab(url):
         # Skip ends it, and a reload does not show it again.
         tour = page.locator("#lens-tour")
         expect(tour).to_contain_text("Draft")
+        _assert_tour_uncovered(page, 0)
         page.locator("#lens-tour .lens-tour-next").click()
         expect(tour).to_contain_text("Verify in one forward")
         expect(page.locator("#mask-plot")).to_be_visible()
+        for step in range(1, len(TOUR_STEPS)):        # the card never covers what it points at
+            _assert_tour_uncovered(page, step)
+            if step + 1 < len(TOUR_STEPS):
+                page.locator("#lens-tour .lens-tour-next").click()
         page.locator("#lens-tour .lens-tour-skip").click()
         expect(tour).to_have_count(0)
         page.reload()
@@ -300,7 +341,8 @@ def test_classroom_screen_demo_settings_views_and_ab(url):
 
         # One screen: the tree, the step slider and the step account, with nothing scrolled.
         page.evaluate("window.scrollTo(0, 0)")
-        for selector in ("#tree-plot", "#step-slider", "#phases"):
+        expect(page.locator("#status")).to_contain_text("Speedup")       # the headline, on the stage
+        for selector in ("#tree-plot", "#step-slider", "#phases", "#status"):
             box = page.locator(selector).bounding_box()
             assert box["y"] >= 0 and box["y"] + box["height"] <= 720 and box["x"] + box["width"] <= 1280, \
                 (selector, box)
@@ -316,14 +358,17 @@ def test_classroom_screen_demo_settings_views_and_ab(url):
         expect(page.locator("#tau-high input[type=number]")).to_be_disabled()
         _close_settings(page)
 
-        # The step shown is an instructive one; its rejected nodes keep their confidence colour.
+        # The step shown is an instructive one; every node, rejected ones too, is filled with
+        # its own q on the log scale (the path product left deep nodes one dark colour).
+        from app.viz.tree import q_colour
+
         index = int(page.locator("#step-slider input[type=number]").input_value())
         step = trace.steps[index]
         nodes = _tree_nodes(page)
         rejected = [n for n in nodes if n["status"] == "rejected"]
         assert rejected, "the demo opens on a step with a rejection"
         for n in nodes:
-            assert n["colour"] == pytest.approx(step.tree.confidence[n["node"]]), n
+            assert n["colour"] == pytest.approx(q_colour(step.tree.q[n["node"]])), n
         _check_mask_and_kv(page, "demo")
 
         # Hovering a tree node lights its row and column in the mask.
@@ -346,6 +391,7 @@ def test_classroom_screen_demo_settings_views_and_ab(url):
         expect(page.locator("#play-btn")).to_have_text("▶ Play")
 
         # A/B: pin the demo as A, load another demo (B), compare.
+        a_headline = re.search(r"Speedup ([\d.]+×)", page.locator("#speedup").inner_text()).group(1)
         page.locator("#pin-btn").click()
         page.get_by_role("tab", name="Compare A/B").click()
         expect(page.locator("#ab-caption")).to_contain_text("Pinned A:")
@@ -362,6 +408,10 @@ def test_classroom_screen_demo_settings_views_and_ab(url):
         trees = _figure(page, "#ab-trees-plot")
         assert sum(t.get("name") == "nodes" for t in trees) >= 1
         expect(page.locator("#ab-caption")).to_contain_text("tokens/s")
+        # each run against its own vanilla: A's ratio is A's own headline, B's is B's
+        b_headline = re.search(r"Speedup ([\d.]+×)", page.locator("#speedup").inner_text()).group(1)
+        caption = page.locator("#ab-caption").inner_text()
+        assert f"{a_headline} (" in caption and f"{b_headline} (" in caption and "own vanilla" in caption, caption
         page.locator("#ab-plot").scroll_into_view_if_needed()
         page.screenshot(path=str(ARTEFACTS / "browser-ab.png"), full_page=True)
 
@@ -579,3 +629,144 @@ def test_compare_methods_view(url):
         page.screenshot(path=str(ARTEFACTS / "compare-methods.png"), full_page=True)
         assert errors == []
         browser.close()
+
+
+def _title_unclipped(page, selector: str) -> None:
+    """The figure's title is inside its plot's box and under no toolbar."""
+    seen = page.evaluate("""(sel) => { const plot = document.querySelector(sel);
+        const title = plot.querySelector('.gtitle'); if (!title) return null;
+        const t = title.getBoundingClientRect(), p = plot.getBoundingClientRect();
+        const bars = [...plot.querySelectorAll('.modebar')]
+            .filter(m => getComputedStyle(m).visibility !== 'hidden' && getComputedStyle(m).opacity !== '0')
+            .map(m => m.getBoundingClientRect()).filter(m => m.width > 0);
+        const under = bars.some(m => m.left < t.right && t.left < m.right && m.top < t.bottom && t.top < m.bottom);
+        return {inside: t.top >= p.top - 1 && t.left >= p.left - 1 && t.right <= p.right + 1, under}; }""", selector)
+    assert seen and seen["inside"] and not seen["under"], (selector, seen)
+
+
+@pytest.mark.skipif(not shutil.which(CHROMIUM) and not os.path.exists(CHROMIUM), reason="chromium not installed")
+def test_phone_view(url):
+    """A visitor on a phone (390x844): every tour step reaches what it names (no tab hidden
+    behind the overflow menu), "(why)" opens its tab, wide tables scroll in their own box
+    instead of breaking words, the tree's title is not under the chart toolbar, and after
+    Generate the answer is on screen."""
+    from playwright.sync_api import expect, sync_playwright
+
+    expect.set_options(timeout=EXPECT_TIMEOUT_MS)
+    with sync_playwright() as p:
+        browser = _chromium(p)
+        errors: list = []
+        page = _new_page(browser, errors, tour=True, viewport={"width": 390, "height": 844})
+        page.goto(url)
+        tour = page.locator("#lens-tour")
+        expect(tour).to_contain_text("Draft")
+        for step, (selector, tab, title, _) in enumerate(TOUR_STEPS):
+            expect(tour).to_contain_text(title)
+            if tab:
+                expect(page.get_by_role("tab", name=tab, exact=True)).to_have_attribute("aria-selected", "true")
+            page.wait_for_function("(sel) => { const t = document.querySelector(sel);"
+                                   " return t && t.getBoundingClientRect().height > 0; }", arg=selector)
+            page.locator("#lens-tour .lens-tour-next").click()
+        expect(tour).to_have_count(0)
+        # the step tabs fit: none behind the overflow menu
+        expect(page.locator("#step-tabs [role=tab]")).to_have_count(3)
+        _wait_for_tree(page)
+        _title_unclipped(page, "#tree-plot")
+
+        # "(why)" opens the tab it names, though that tab sits in the overflow menu
+        page.evaluate("window.scrollTo(0, 0)")
+        page.locator("#header a[href='#tree-size']").click()
+        expect(page.locator("#tree-size-text")).to_be_visible()
+        expect(page.locator("#tree-size-text")).to_be_in_viewport()
+
+        # the literature table scrolls in its own box, no word broken across lines
+        page.evaluate("""() => [...document.querySelectorAll('.overflow-dropdown button, [role=tab]')]
+            .find(b => b.textContent.trim() === 'Compare methods').click()""")
+        table = page.locator("#methods-literature table")
+        expect(table).to_be_visible()
+        box = table.bounding_box()
+        assert box["width"] <= 390 and box["height"] < 1200, box
+        assert page.evaluate(WORDS_BROKEN_JS, "#methods-literature td, #methods-literature th") == []
+
+        # after Generate the answer streams where the visitor looks
+        page.evaluate("window.scrollTo(0, 0)")
+        page.locator("#prompt textarea").fill("w5 w17 w33 w90")
+        page.locator("#generate-btn").click()
+        expect(page.locator("#token-stream .tok").first).to_be_visible()
+        page.wait_for_timeout(800)
+        stream = page.locator("#token-stream").bounding_box()
+        assert 0 <= stream["y"] < 844 - 100, stream
+        expect(page.locator("#status")).to_contain_text("done", timeout=240_000)
+        page.screenshot(path=str(ARTEFACTS / "browser-phone.png"))
+        browser.close()
+    assert errors == []
+
+
+@pytest.mark.skipif(not shutil.which(CHROMIUM) and not os.path.exists(CHROMIUM), reason="chromium not installed")
+def test_projector_words_titles_and_refusals(url):
+    """At 1280x720: the status follows the slider; the tree and mask titles are not clipped;
+    'How it works' tables break no word; the glossary hovers on the stage; a value typed
+    outside a control's range is refused with the range, and nothing runs; top_p and seed are
+    disabled at temperature 0, with a note."""
+    from playwright.sync_api import expect, sync_playwright
+
+    expect.set_options(timeout=EXPECT_TIMEOUT_MS)
+    with sync_playwright() as p:
+        browser = _chromium(p)
+        errors: list = []
+        page = _new_page(browser, errors, viewport={"width": 1280, "height": 720})
+        page.goto(url)
+        _wait_for_tree(page)
+        _title_unclipped(page, "#tree-plot")
+
+        # the status follows the slider
+        box = page.locator("#step-slider input[type=number]")
+        box.fill("1")
+        box.press("Enter")
+        expect(page.locator("#status")).to_contain_text("Showing step 1 of")
+        _wait_for_tree(page, "step 1:")
+        box.fill("2")
+        box.press("Enter")
+        expect(page.locator("#status")).to_contain_text("Showing step 2 of")
+        page.get_by_role("tab", name="Attention mask").click()
+        _figure(page, "#mask-plot")
+        _title_unclipped(page, "#mask-plot")
+        page.get_by_role("tab", name="What happened").click()
+
+        # plain words: the first tau, q, p, target forward and bonus token hover their meaning
+        for where, word in (("#status", "τ"), ("#status", "target forward"), ("#tree-caption", "q"),
+                            ("#tree-caption", "p"), ("#tree-caption", "bonus token")):
+            term = page.locator(f"{where} abbr.lens-term", has_text=word).first
+            expect(term).to_have_attribute("title", re.compile(".{20,}"))
+
+        # How it works: its tables break no word
+        page.get_by_role("tab", name="How it works").click()
+        assert page.evaluate(WORDS_BROKEN_JS, "#how-tab td, #how-tab th") == []
+
+        # refusal, not clamping: 500 nodes is refused with the page's range, nothing runs
+        status = page.locator("#status").inner_text()
+        _open_settings(page)
+        page.get_by_text("Tree knobs").click()
+        field = page.locator("#total-tokens input[type=number]")
+        field.fill("500")
+        field.press("Tab")
+        page.locator("#generate-btn").click()
+        expect(page.locator("#prompt")).to_contain_text("[1, 128]")
+        assert field.input_value() == "500"
+        page.wait_for_timeout(500)
+        assert page.locator("#status").inner_text() == status
+        field.fill("16")
+        field.press("Tab")
+
+        # sampling-only knobs: disabled at temperature 0, with the note
+        page.get_by_text("Sampling", exact=True).click()
+        expect(page.locator("#top-p input[type=number]")).to_be_disabled()
+        expect(page.locator("#top-p")).to_contain_text("temperature 0")
+        expect(page.locator("#seed input")).to_be_disabled()
+        temperature = page.locator("#temperature input[type=number]")
+        temperature.fill("0.7")
+        temperature.press("Enter")
+        expect(page.locator("#top-p input[type=number]")).to_be_enabled()
+        expect(page.locator("#seed input")).to_be_enabled()
+        browser.close()
+    assert errors == []

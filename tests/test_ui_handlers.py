@@ -739,7 +739,7 @@ def test_steps_are_numbered_from_one_after_the_prefill(finished):
     view = handlers.replay_view(session, 1)
     assert view["phases"].startswith(f"**Step 1 of {total}**")
     assert view["tree"].layout.title.text.startswith("step 1:") and view["mask"].layout.title.text.startswith("step 1:")
-    assert "draft nodes from the EAGLE head," in view["tree"].layout.title.text     # the tree names its drafter
+    assert "drafted by the EAGLE head" in view["tree"].layout.annotations[0].text     # the tree names its drafter
 
 
 def test_a_demo_restores_its_settings_and_opens_on_an_instructive_step(ctx):

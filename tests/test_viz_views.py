@@ -241,7 +241,7 @@ def test_folding_counts_every_node_once_and_keeps_the_path(paper_run):
     folds = next(t for t in fig.data if t.name == "folds")
     assert sorted(folds.customdata) == sorted(len(v) for v in folded.values())
     assert all(t == f"+{c} more" for t, c in zip(folds.text, folds.customdata))
-    assert "showing" in fig.layout.title.text
+    assert "showing" in fig.layout.annotations[0].text
     assert tree_figure(step).layout.height < tree_figure(step, fold=False).layout.height   # folded by default
     # a folded 60-node tree fits a page: root, path, bonus, 3 alternatives and a fold per level
     assert len(fig.data[0].x) > 0 and fig.layout.height <= 64 + 12 + 20 * (2 + 5 * (len(tree_view.accepted_path(step)) + 1))

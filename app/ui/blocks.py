@@ -316,19 +316,37 @@ class Components:
         return [self.outputs[name] for name in names]
 
 
-def setting_control(s: Setting, value, method: str, cfg: ServerConfig):
+SAMPLING_ONLY = ("top_p", "seed")   # settings that greedy decoding (temperature 0) ignores
+
+
+def sampling_note(name: str, temperature) -> str | None:
+    """Why a sampling-only setting does nothing at this temperature (None when it applies)."""
+    if name in SAMPLING_ONLY and not (isinstance(temperature, (int, float)) and temperature > 0):
+        return f"{name} applies to sampling only: at temperature 0 decoding is greedy (raise the temperature to use it)"
+    return None
+
+
+def sampling_applicability(temperature) -> tuple:
+    """Updates for top_p and seed when the temperature changes: disabled, with the note, at 0."""
+    return tuple(gr.update(interactive=sampling_note(k, temperature) is None, info=sampling_note(k, temperature) or "")
+                 for k in SAMPLING_ONLY)
+
+
+def setting_control(s: Setting, value, method: str, cfg: ServerConfig, temperature=None):
     """The page's control for one setting from its specification: its range (the page's cap
     where it is lower, the server's cap for max_new_tokens), default and step; disabled with a
-    note when it does not apply to ``method``."""
+    note when it does not apply to ``method`` (or, for top_p and seed, at ``temperature`` 0)."""
     elem_id = s.name.replace("_", "-")
+    note = sampling_note(s.name, temperature)
     if s.name == "seed":
-        return gr.Number(value, precision=0, minimum=s.lo, label=s.label, elem_id=elem_id)
+        return gr.Number(value, precision=0, minimum=s.lo, label=s.label, elem_id=elem_id,
+                         interactive=note is None, info=note)
     if s.kind == "bool":
         return gr.Checkbox(value, label=s.label, elem_id=elem_id, interactive=s.applies_to(method),
                            info=s.why_not(method) or None)
     hi = cfg.max_new_tokens if s.name == "max_new_tokens" else s.page_hi if s.page_hi is not None else s.hi
     return gr.Slider(s.lo, hi, value=min(value, hi), step=s.step, label=s.label, elem_id=elem_id,
-                     interactive=s.applies_to(method), info=s.why_not(method) or None)
+                     interactive=s.applies_to(method) and note is None, info=s.why_not(method) or note)
 
 
 def control_value(name: str, value, cfg: ServerConfig):
@@ -388,7 +406,8 @@ def _settings_panel(ctx: AppContext) -> dict:
                                      info="the fastest tree depends on the hardware: compare them in the race")
             for s in SETTINGS:
                 if FOLDED.get(s.name) == title:
-                    controls[s.name] = setting_control(s, values[s.name], method, ctx.config)
+                    controls[s.name] = setting_control(s, values[s.name], method, ctx.config,
+                                                       temperature=values.get("temperature"))
     return dict(controls=controls, preset=preset, race=race, step_mode=step_mode)
 
 
@@ -643,6 +662,9 @@ def wire_knobs(c: Components, tree0: TreeConfig) -> None:
     engine work, so no queue."""
     c.controls["method"].change(applicability, [c.controls["method"]], [c.controls[k] for k in METHOD_KNOBS],
                                 queue=False, api_visibility="private", show_progress="hidden")
+    c.controls["temperature"].change(sampling_applicability, [c.controls["temperature"]],
+                                     [c.controls[k] for k in SAMPLING_ONLY], queue=False, api_visibility="private",
+                                     show_progress="hidden")
     sizes = [c.controls[k] for k in ("depth", "top_k", "total_tokens")]
 
     def choose_preset(name: str):

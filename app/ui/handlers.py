@@ -32,6 +32,7 @@ from app.ui.session import PinnedRun, Session, VanillaRun
 from app.ui.settings import AppContext
 from app.viz.insights import calibration_figure, depth_figure, explorer_figure, tokens_per_step_figure
 from app.viz.compare import ab_caption, ab_figure, ab_trees_figure
+from app.viz.glossary import term
 from app.viz.phases import decoding_total, phase_account, step_number, tree_shape
 from app.viz.race import RaceSpeedup, race_figure, race_speedup
 from app.viz.safe import md_code
@@ -164,7 +165,8 @@ def speedup_headline(session: Session) -> str:
     if s.method == "vanilla":
         return "vanilla: the baseline (1.00×)"
     speed = f"**{race.text()}** vanilla" if race is not None else "no vanilla raced"
-    return f"Speedup {speed}, τ = {s.mean_accepted:.2f} tokens per target forward (details under the answer)"
+    return (f"Speedup {speed}, {term('τ')} = {s.mean_accepted:.2f} tokens per {term('target forward')} "
+            "(details under the answer)")
 
 
 def speedup_text(session: Session) -> str:

@@ -112,6 +112,9 @@ def build_request(limits, **raw) -> Request:
             raise ValueError(f"{shown(name)} is not a setting; the settings are {', '.join(SETTING_NAMES)}")
     v = {s.name: s.coerce(raw.get(s.name, s.default)) for s in SETTINGS}
     prompt = check_prompt(v["prompt"], limits.max_prompt_chars)
+    for s in SETTINGS:   # a value beyond the page's cap is refused naming the page's range, as its control shows it
+        if s.page_hi is not None and s.kind in ("int", "float"):
+            s.check(v[s.name], hi=s.page_hi)
     tree = TreeConfig(**{s.name: v[s.name] for s in SETTINGS if s.owner == "tree"})
     sampling = SamplingConfig(**{s.name: v[s.name] for s in SETTINGS if s.owner == "sampling"})
     n = check_max_new_tokens(v["max_new_tokens"], limits.max_new_tokens)

@@ -49,7 +49,7 @@ FONT_PX = 11            # label font size; labels use a monospace font (widths a
 ROW_PX = 20             # vertical pixels per outline row: > a label's line height (~1.3 x FONT_PX)
 FOLD_ABOVE = 30         # trees with more nodes than this are folded around the accepted path
 MAX_SIBLINGS = 4        # folded: alternatives shown per accepted-path level
-MARGIN = dict(l=16, t=64, b=12)
+MARGIN = dict(l=16, t=70, b=12)
 COLORBAR_PX = 80        # room for the colour bar right of the labels
 MIN_HEIGHT = 220
 MIN_COLUMNS = 6         # a shallow tree still gets columns this wide (it does not stretch across the page)
@@ -381,11 +381,22 @@ def tree_figure(step: StepEvent | None, title: str | None = None, bonus_text: st
     n, k = len(step.tree), len(step.accepted)
     shown = sum(isinstance(r, int) for r in lay.rows)
     if title is None:
-        by = f" from the {DRAFTER_NAMES.get(step.drafter, step.drafter)}" if step.drafter else ""
-        title = (f"step {step.step if number is None else number}: {n} draft nodes{by}, {k} accepted"
-                 f"{' + bonus' if BONUS_ID in lay.rows else ''}"
-                 f"{f'<br><sup>showing {shown} of {n}: grey +N nodes count the rest</sup>' if shown < n else ''}")
+        # two short lines (a phone's 330 px hold each): what happened, then who drafted and what is folded
+        by = f"drafted by the {DRAFTER_NAMES.get(step.drafter, step.drafter)}" if step.drafter else ""
+        fold_note = f"showing {shown} of {n}: grey +N nodes count the rest" if shown < n else ""
+        sub = " · ".join(t for t in (by, fold_note) if t)
+        title = (f"step {step.step if number is None else number}: {n} draft nodes, {k} accepted"
+                 f"{' + bonus' if BONUS_ID in lay.rows else ''}")
+    else:
+        sub = ""
     layout = dict(style.BASE_LAYOUT, height=height, uirevision="tree", showlegend=False, hovermode="closest",
                   margin=dict(MARGIN, r=int(widest) + 24 + COLORBAR_PX),
-                  title=dict(text=title, x=0.01, y=0.98, yanchor="top"), xaxis=xaxis, yaxis=yaxis)
+                  # pinned to the figure's top edge in pixels: a tall figure's fraction put it out of view
+                  title=dict(text=title, x=0.01, xanchor="left", y=1.0, yref="container", yanchor="top",
+                             pad=dict(t=6), font=dict(size=14)),
+                  xaxis=xaxis, yaxis=yaxis,
+                  # the second line (drafter, what is folded) under the title, above the depth labels
+                  annotations=[dict(text=sub, showarrow=False, xref="paper", yref="paper", x=0.0, y=1.0,
+                                    xanchor="left", yanchor="bottom", yshift=MARGIN["t"] - 46,
+                                    font=dict(size=11, color="#4b5563"))] if sub else [])
     return style.fast_figure(data, layout)

@@ -31,6 +31,8 @@ TAIL_SLOTS = 3        # committed-context slots drawn before the root (the rest 
 MAX_NODES = 24        # mask view: nodes drawn before the rest are left out (None: all, scroll)
 CELL_PX = 18
 LABEL_CHARS = 8
+# a two-line title anchored at the figure's top: plotly anchors its first line ~12 px too high
+TITLE_PAD_PX = 20
 MAX_SLOTS = 30        # KV view: above this many tree slots, runs of dropped slots collapse
 
 # the mask's cell kinds (heatmap z) and their colours
@@ -158,8 +160,9 @@ def mask_figure(step: StepEvent | None, max_nodes: int | None = MAX_NODES, prefi
     height = 150 + CELL_PX * n_rows
     layout = dict(style.BASE_LAYOUT, height=height, uirevision="mask", showlegend=False, shapes=shapes,
                   margin=dict(l=150, r=20, t=130, b=40),
-                  title=dict(text=title or f"step {step.step if number is None else number}: tree attention mask, one forward over "
-                             f"{len(tree) + 1} tokens{shown}", x=0.01, y=0.99, yanchor="top"),
+                  title=dict(text=title or f"step {step.step if number is None else number}: tree attention mask<br>"
+                             f"<sup>one forward over {len(tree) + 1} tokens{shown}</sup>", x=0.01, xanchor="left",
+                             y=1.0, yref="container", yanchor="top", pad=dict(t=TITLE_PAD_PX), font=dict(size=14)),
                   xaxis=dict(side="top", tickvals=list(range(n_cols)), ticktext=col_labels, tickangle=-90,
                              tickfont=dict(size=10, family="monospace"), showgrid=False, zeroline=False,
                              constrain="domain", fixedrange=True),
@@ -320,9 +323,10 @@ def kv_figure(step: StepEvent | None, prefix_len: int | None = None, max_slots: 
              f"after verify<br>length {_pos(1 + n, P)}: +root +{n} nodes",
              f"after accept<br>length {_pos(1 + k, P)}: root + {k} kept"]
     layout = dict(style.BASE_LAYOUT, height=360, uirevision="kv", showlegend=False, annotations=annotations,
-                  margin=dict(l=190, r=20, t=44, b=20), hovermode="closest",
-                  title=dict(text=title or f"step {step.step if number is None else number}: target KV cache, {1 + n} slots written, "
-                             f"{1 + k} kept", x=0.01),
+                  margin=dict(l=190, r=20, t=56, b=20), hovermode="closest",
+                  title=dict(text=title or f"step {step.step if number is None else number}: target KV cache<br>"
+                             f"<sup>{1 + n} slots written, {1 + k} kept</sup>", x=0.01, xanchor="left", y=1.0,
+                             yref="container", yanchor="top", pad=dict(t=TITLE_PAD_PX), font=dict(size=14)),
                   xaxis=dict(visible=False, range=[-0.7, max(x_end, 12)], fixedrange=True),
                   yaxis=dict(tickvals=list(rows.values()), ticktext=ticks,
                              range=[-1.2, 2.6], showgrid=False, zeroline=False, fixedrange=True))
