@@ -6,6 +6,7 @@
     python scripts/loadtest.py speed                            # app tokens/s vs the engine's own
     python scripts/loadtest.py flood --sessions 200             # new sessions from one script vs visitors' state
     python scripts/loadtest.py burst --joins 40                 # simultaneous joins vs the queue's cap
+    python scripts/loadtest.py records --sessions 48            # one crafted trace loaded by many sessions vs memory
 
 By default the script starts the server itself (``python app.py`` in a subprocess on a free
 loopback port, with the server's usual environment variables) and measures that process's
@@ -286,6 +287,56 @@ def burst(url: str, n: int = 40, busy_tokens: int = 200, settings: dict | None =
             "other": len(codes) - codes.count(200) - queue_full, "worker_busy_throughout": running}
 
 
+def crafted_trace(steps: int = 300, nodes: int = 256) -> dict:
+    """A valid trace as large as the schema allows per step: ``steps`` steps of ``nodes``-node
+    trees (32 chains of depth nodes / 32), as anyone can write one by hand (~3.7 MB at 300 x 256)."""
+    roots = 32
+    tree = {"root_token": 5, "tokens": [7 + i % 200 for i in range(nodes)], "texts": ["w"] * nodes,
+            "parents": [-1 if i < roots else i - roots for i in range(nodes)],
+            "depths": [1 + i // roots for i in range(nodes)], "q": [0.5] * nodes, "confidence": [0.5] * nodes,
+            "p": None, "status": ["rejected"] * nodes}
+    shape = {"method": "dynamic", "depth": -(-nodes // roots), "top_k": roots, "total_tokens": nodes}
+    records = [{"type": "step", "step": 0, "method": "dynamic", "tree": None, "accepted": [], "bonus": 5,
+                "new_tokens": [5], "text": "w", "rule": "greedy", "drafter": None, "tree_config": None,
+                "prefill": True, "draft_ms": 0.0, "verify_ms": 1.0, "step_ms": 1.0}]
+    records += [{"type": "step", "step": i, "method": "dynamic", "tree": tree, "accepted": [], "bonus": 6,
+                 "new_tokens": [6], "text": "w", "rule": "greedy", "drafter": "eagle2", "tree_config": shape,
+                 "prefill": False, "draft_ms": 1.0, "verify_ms": 1.0, "step_ms": 2.0} for i in range(1, steps)]
+    records.append({"type": "summary", "method": "dynamic", "new_tokens": steps, "seconds": 1.0, "tokens_per_s": 1.0,
+                    "target_forwards": steps, "mean_accepted": 1.0, "accepted_by_depth": [], "token_ids": [5] + [6] * (steps - 1),
+                    "text": "w" * steps})
+    return {"format": "eagle-lens-trace", "version": 2, "settings": {"prompt": "w5", "method": "dynamic"},
+            "model": {"target": "crafted"}, "records": records, "vanilla": None}
+
+
+def trace_flood(url: str, sessions: int = 48, address: str = "10.44.0.1", steps: int = 300, nodes: int = 256) -> dict:
+    """Upload one crafted trace (``crafted_trace``) once, then load it from ``sessions`` new
+    sessions of one address: how many loads were taken, how many refused with a message."""
+    import httpx
+    from gradio_client import Client
+
+    check_loopback(url)
+    body = json.dumps(crafted_trace(steps, nodes)).encode()
+    r = httpx.post(url.rstrip("/") + "/gradio_api/upload", files={"files": ("crafted.json", body)},
+                   headers={"X-Forwarded-For": address}, timeout=120)
+    r.raise_for_status()
+    server_path = r.json()[0]
+    loaded, refused, other, clients = 0, 0, [], []
+    for _ in range(sessions):
+        try:
+            client = Client(url, verbose=False, download_files=False, headers={"X-Forwarded-For": address})
+            client.predict({"path": server_path, "meta": {"_type": "gradio.FileData"}}, api_name="/load_trace")
+            loaded += 1
+            clients.append(client)              # kept: its session stays active
+        except Exception as exc:  # noqa: BLE001 — counted: a refusal is the expected answer past the budget
+            text = str(exc)
+            if "hold" in text or "full" in text or "too many" in text:
+                refused += 1
+            else:
+                other.append(f"{type(exc).__name__}: {text}"[:160])
+    return {"sessions": sessions, "trace_bytes": len(body), "loaded": loaded, "refused": refused, "other": other}
+
+
 # --- stop latency ------------------------------------------------------------------------------
 
 def stop_latency(url: str, settings: dict, wait_updates: int = 2) -> dict:
@@ -453,7 +504,7 @@ def speed_in_process(args) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("mode", choices=("load", "fuzz", "stop", "speed", "flood", "burst"))
+    p.add_argument("mode", choices=("load", "fuzz", "stop", "speed", "flood", "burst", "records"))
     p.add_argument("--url", help="a running server on this machine (default: start one)")
     p.add_argument("--pid", type=int, help="the running server's process id, for its memory")
     p.add_argument("--visitors", type=int, default=8)
@@ -529,6 +580,20 @@ def main(argv=None) -> int:
                   f"{r['accepted']} accepted, {r['refused']} refused {r['codes']}; visitors who kept their run: "
                   f"{r['victims_kept']}/{r['victims']}{memory}")
             return int(r["victims_kept"] < r["victims"])
+        if args.mode == "records":
+            before = rss_mb(pid) if pid else None
+            r = trace_flood(url, args.sessions)
+            memory = ""
+            if pid:
+                peak = rss_mb(pid)
+                time.sleep(5)
+                memory = f"; server RSS {before:.0f} -> {peak:.0f} MiB, {rss_mb(pid):.0f} MiB 5 s later"
+            print(f"one crafted trace ({r['trace_bytes'] / 2**20:.1f} MB) loaded by {r['sessions']} new sessions of one "
+                  f"address: {r['loaded']} loaded, {r['refused']} refused with a message, {len(r['other'])} other"
+                  f"{memory}")
+            for e in r["other"][:5]:
+                print("  other:", e)
+            return int(bool(r["other"]))
         if args.mode == "burst":
             r = burst(url, args.joins)
             print(f"{r['sent']} simultaneous joins while the worker was busy ({r['worker_busy_throughout']}): "

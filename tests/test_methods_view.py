@@ -103,8 +103,8 @@ def test_a_stopped_comparison_ends_at_its_next_update(ctx):
 
 
 @pytest.mark.parametrize("chosen, message", [
-    (["vanilla"], "choose 2 to 4"),
-    (["vanilla", "pld", "lookahead", "medusa", "dynamic"], "choose 2 to 4"),
+    (["vanilla"], "must be 2 to 4 methods"),
+    (["vanilla", "pld", "lookahead", "medusa", "dynamic"], "must be 2 to 4 methods"),
     (["vanilla", "eagle9"], "eagle9"),
     ("vanilla,pld", "list of method names"),
 ])

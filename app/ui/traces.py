@@ -27,7 +27,7 @@ import os
 from dataclasses import dataclass
 from typing import Annotated, Literal, Optional, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from app.engine.config import MAX_DEPTH, MAX_POOL, MAX_TOTAL_TOKENS, METHODS, SETTINGS
 from app.engine.events import STATUSES, DraftTreeRecord, RunSummary, StepEvent
@@ -72,18 +72,10 @@ def dumps(trace: dict) -> str:
 
 # --- validation: the schema (pydantic, strict: no bool for a number, no string for a list) -----
 
-def _unicode(text: str) -> str:
-    """Refuse lone surrogates ("\\ud800" in JSON): Python keeps them in a str, but they are not
-    Unicode, and every later encoding of the page (UTF-8) would fail on them."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("text is not valid Unicode (a lone surrogate)") from None
-    return text
-
-
 def _text(cap: int):
-    return Annotated[str, Field(max_length=cap), AfterValidator(_unicode)]
+    """A string of at most ``cap`` characters; pydantic refuses lone surrogates ("\\ud800" in
+    JSON), which Python keeps in a str but every later UTF-8 encoding of the page fails on."""
+    return Annotated[str, Field(max_length=cap)]
 
 
 def _number(lo: float, hi: float):
@@ -136,6 +128,7 @@ _TreeConfig = create_model(
        for s in SETTINGS if s.owner == "tree" and s.name != "method"},
     **{k: (Optional[_integer(1, MAX_POOL)], None) for k in ("ngram", "window", "pool")},   # pld / lookahead knobs
     q=(Optional[Literal["count"]], None))          # what the nodes' q means when not the drafter's probability
+TREE_CONFIG_KEYS = set(_TreeConfig.model_fields)   # TreeConfig's settings + drafter knobs
 
 
 class _StepV1(_Strict):
