@@ -149,7 +149,8 @@ class _Drafting:
                 mask[row, self.node_slot[a]] = True
             mask[row, length + row] = True
         pos = torch.full((1, len(frontier)), self._pair_position(depth - 1), device=device)
-        out = head(head.embed(tokens, self.engine.embedding), parent_feats, pos, mask[None, None], cache)
+        out = self.engine.draft_forward(head.embed(tokens, self.engine.embedding), parent_feats, pos,
+                                        mask[None, None], cache)
         feats = out[0]                                                                 # (F, H)
         for row, n in enumerate(frontier):
             self.node_feature[n] = feats[row]
@@ -216,6 +217,17 @@ class Engine:
             self.draft_lm_weight = weight.index_select(0, self.draft_vocab).contiguous()  # (Vd, H)
             bias = getattr(self.lm_head, "bias", None)
             self.draft_lm_bias = bias.index_select(0, self.draft_vocab) if bias is not None else None
+        # With the fast target forward, an EAGLE-1/2 head drafts on the same kernels: the
+        # head's forward and its LM head (over the draft vocabulary) over the frontier's rows.
+        self.draft_forward, self._draft_lm_packed = head, None
+        from app.engine.rowwise import RowwiseDraftHead, RowwiseLlamaDecoder
+
+        if isinstance(self.decoder, RowwiseLlamaDecoder) and head is not None and RowwiseDraftHead.supports(head):
+            from app.engine import kernels
+
+            self.draft_forward = RowwiseDraftHead(head)
+            if draft_vocab is not None:
+                self._draft_lm_packed = kernels.Packed(self.draft_lm_weight)
 
     @property
     def drafter(self) -> str | None:
@@ -398,7 +410,7 @@ class Engine:
         emb = self.head.embed(torch.tensor([run.pending_tokens], device=device), self.embedding)   # (1, P, H)
         pos = torch.arange(base, base + n_pending, device=device)[None]                              # (1, P)
         mask = torch.ones(n_pending, base + n_pending, dtype=torch.bool, device=device).tril(base)[None, None]
-        out = self.head(emb, run.pending_features, pos, mask, cache)                                # (1, P, H)
+        out = self.draft_forward(emb, run.pending_features, pos, mask, cache)                       # (1, P, H)
         run.pending_features, run.pending_tokens = None, []
         return out[:, -1:], base + n_pending
 
@@ -407,6 +419,13 @@ class Engine:
         (EAGLE-3: the head's own norm and LM head)."""
         if self.head_lm:
             return self.head.logits(feats)
+        if self.draft_forward is not self.head:          # the fast kernels (float32 features)
+            if self.draft_vocab is None:
+                return self.decoder.logits(feats)
+            from app.engine import kernels
+
+            logits = kernels.linear(feats, self._draft_lm_packed)
+            return logits + self.draft_lm_bias.float() if self.draft_lm_bias is not None else logits
         if self.draft_vocab is None:
             return self.lm_head(feats)
         logits = feats @ self.draft_lm_weight.T

@@ -113,3 +113,63 @@ class RowwiseLlamaDecoder(FusedLlamaDecoder):
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class RowwiseDraftHead:
+    """An EAGLE-1/2 head's forward (``DraftHead.forward``'s signature) on the same kernels.
+
+    Drafting runs the head once per tree level over the few frontier nodes: 1-10 rows, the
+    shape where eager small-M products are slowest. Here each level reads the head's weights
+    once. Its features and outputs are float32 (what the fast target forward produces); the
+    head's own weights keep their dtype. Draft quality only affects speed, never output."""
+
+    def __init__(self, head: nn.Module):
+        layer = head.layers[0]
+        attn, mlp = layer.self_attn, layer.mlp
+        cfg = head.config
+        with torch.no_grad():
+            self.fc = kernels.Packed(head.fc.weight)
+            self.fc_bias = head.fc.bias.detach().float() if head.fc.bias is not None else None
+            self.qkv = kernels.Packed(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]))
+            self.o = kernels.Packed(attn.o_proj.weight)
+            self.gate_up = kernels.Packed(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
+            self.down = kernels.Packed(mlp.down_proj.weight)
+            self.norm = layer.post_attention_layernorm.weight.detach().float()
+        self.eps = layer.post_attention_layernorm.variance_epsilon
+        self.heads = cfg.num_attention_heads
+        self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
+        self.scaling = getattr(attn, "scaling", self.head_dim ** -0.5)
+        self.rotary_emb = head.rotary_emb
+
+    @staticmethod
+    def supports(head) -> bool:
+        """A plain EAGLE-1/2 head: SiLU MLP, no projection biases, no input norm."""
+        layer = getattr(head, "layers", [None])[0]
+        if layer is None or not hasattr(head, "fc") or hasattr(head, "logits"):
+            return False
+        attn, mlp = layer.self_attn, layer.mlp
+        return (isinstance(layer.input_layernorm, nn.Identity) and getattr(head.config, "hidden_act", "") == "silu"
+                and all(getattr(attn, n).bias is None for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
+                and all(getattr(mlp, n).bias is None for n in ("gate_proj", "up_proj", "down_proj")))
+
+    def __call__(self, token_embeds, features, position_ids, attention_mask, cache):
+        T = token_embeds.shape[1]
+        d = self.head_dim
+        x = kernels.linear(torch.cat((token_embeds[0].float(), features[0].float()), dim=-1), self.fc)   # (T, H)
+        if self.fc_bias is not None:
+            x = x + self.fc_bias
+        cos, sin = self.rotary_emb(x[None], position_ids=position_ids)                   # (1, T, d) each
+        qkv = kernels.linear(x, self.qkv)                                                 # (T, (Hq+2Hkv)·d)
+        qk, v = qkv.split([(self.heads + self.kv_heads) * d, self.kv_heads * d], dim=-1)
+        qk = qk.view(T, -1, d).transpose(0, 1)                                            # (Hq+Hkv, T, d)
+        qk = qk * cos[0] + _rotate_half(qk) * sin[0]
+        q, k = qk.split([self.heads, self.kv_heads], dim=0)
+        v = v.view(T, self.kv_heads, d).transpose(0, 1)                                   # (Hkv, T, d)
+        keys, values = cache.update(k[None], v[None], 0)                                  # (1, Hkv, S, d)
+        keep = None if attention_mask is None else attention_mask[0, 0]                   # (T, S)
+        o = kernels.attention(q.transpose(0, 1), keys[0], values[0], keep, self.scaling)  # (T, Hq·d)
+        x = x + kernels.linear(o, self.o)
+        x = x + kernels.linear(kernels.silu_mul(kernels.linear(kernels.rms_norm(x, self.norm, self.eps),
+                                                                 self.gate_up)), self.down)
+        return x[None]                                                                    # (1, T, H) float32

@@ -141,7 +141,7 @@ def reset() -> None:
 
 def group() -> int:
     """Output columns per packed group (``rowwise.c``): 64 with AVX-512, 32 with AVX2."""
-    return _lib.rowwise_group()
+    return (_lib or load()).rowwise_group()
 
 
 class Packed:
@@ -171,7 +171,7 @@ def linear(x: torch.Tensor, weight: Packed) -> torch.Tensor:
         rows = rows.contiguous()
     M = rows.shape[0]
     out = torch.empty(M, N, dtype=torch.float32, device="cpu")
-    _lib.rowwise_linear(rows.data_ptr(), rows.stride(0) if M > 1 else K, M, weight.data.data_ptr(),
+    (_lib or load()).rowwise_linear(rows.data_ptr(), rows.stride(0) if M > 1 else K, M, weight.data.data_ptr(),
                         weight.bf16, N, K, out.data_ptr(), N, torch.get_num_threads())
     return out.view(*x.shape[:-1], N)
 
@@ -191,7 +191,7 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: t
     scratch = torch.empty(threads, L + 16, dtype=torch.float32, device="cpu")
     if mask is not None:
         mask = mask.to(torch.uint8).contiguous()
-    _lib.rowwise_attention(q.data_ptr(), q.stride(0), q.stride(1), keys.data_ptr(), values.data_ptr(),
+    (_lib or load()).rowwise_attention(q.data_ptr(), q.stride(0), q.stride(1), keys.data_ptr(), values.data_ptr(),
                            keys.stride(0), n, Hq, Hkv, d, L, mask.data_ptr() if mask is not None else None,
                            float(scale), out.data_ptr(), Hq * d, scratch.data_ptr(), threads)
     return out
@@ -201,7 +201,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Llama's RMSNorm of each row of x (n, H) float32 contiguous; weight (H,) float32."""
     n, H = x.shape
     out = torch.empty_like(x)
-    _lib.rowwise_rmsnorm(x.data_ptr(), n, H, weight.data_ptr(), float(eps), out.data_ptr())
+    (_lib or load()).rowwise_rmsnorm(x.data_ptr(), n, H, weight.data_ptr(), float(eps), out.data_ptr())
     return out
 
 
@@ -209,5 +209,5 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """SwiGLU: silu(gate) * up from the [gate; up] projection (n, 2I) float32 contiguous -> (n, I)."""
     n, two_i = gate_up.shape
     out = torch.empty(n, two_i // 2, dtype=torch.float32, device="cpu")
-    _lib.rowwise_silu_mul(gate_up.data_ptr(), n, two_i // 2, out.data_ptr())
+    (_lib or load()).rowwise_silu_mul(gate_up.data_ptr(), n, two_i // 2, out.data_ptr())
     return out
