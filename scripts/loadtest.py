@@ -72,7 +72,9 @@ def run_visitors(url: str, visitors: int, seconds: float, max_requests: int = 10
 
     def visitor(i: int):
         rng = np.random.default_rng(seed + i)
-        client = Client(url, verbose=False, download_files=False)
+        # each visitor its own address (X-Forwarded-For, honoured where loopback is a trusted
+        # proxy): the server lets one address have only a few runs waiting
+        client = Client(url, verbose=False, download_files=False, headers={"X-Forwarded-For": f"10.50.{i // 250}.{i % 250 + 1}"})
         while time.monotonic() < deadline:
             with lock:
                 if stats["sent"] >= max_requests:
@@ -309,9 +311,12 @@ def crafted_trace(steps: int = 300, nodes: int = 256) -> dict:
             "model": {"target": "crafted"}, "records": records, "vanilla": None}
 
 
-def trace_flood(url: str, sessions: int = 48, address: str = "10.44.0.1", steps: int = 300, nodes: int = 256) -> dict:
+def trace_flood(url: str, sessions: int = 48, addresses: int = 1, steps: int = 300, nodes: int = 256) -> dict:
     """Upload one crafted trace (``crafted_trace``) once, then load it from ``sessions`` new
-    sessions of one address: how many loads were taken, how many refused with a message."""
+    sessions of ``addresses`` addresses (in turn): how many loads were taken, how many refused
+    with a message. (gradio_client sends the file again with each load, so each address also
+    meets the upload rate.)"""
+    address = f"10.44.{int(time.time()) % 250}.1"       # a fresh uploader for each run
     import httpx
     from gradio_client import Client
 
@@ -322,9 +327,10 @@ def trace_flood(url: str, sessions: int = 48, address: str = "10.44.0.1", steps:
     r.raise_for_status()
     server_path = r.json()[0]
     loaded, refused, other, clients = 0, 0, [], []
-    for _ in range(sessions):
+    for i in range(sessions):
         try:
-            client = Client(url, verbose=False, download_files=False, headers={"X-Forwarded-For": address})
+            client = Client(url, verbose=False, download_files=False,
+                            headers={"X-Forwarded-For": f"10.45.0.{i % addresses + 1}"})
             client.predict({"path": server_path, "meta": {"_type": "gradio.FileData"}}, api_name="/load_trace")
             loaded += 1
             clients.append(client)              # kept: its session stays active
@@ -516,7 +522,7 @@ def main(argv=None) -> int:
     p.add_argument("--prompt", default="Write a short poem about the sea.")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--sessions", type=int, default=200, help="flood: new sessions to open")
-    p.add_argument("--addresses", type=int, default=1, help="flood: client addresses they come from")
+    p.add_argument("--addresses", type=int, default=1, help="flood, records: client addresses they come from")
     p.add_argument("--joins", type=int, default=40, help="burst: simultaneous joins")
     p.add_argument("--update-interval", type=float, default=None,
                    help="speed: seconds between page updates (default: the server's)")
@@ -582,14 +588,14 @@ def main(argv=None) -> int:
             return int(r["victims_kept"] < r["victims"])
         if args.mode == "records":
             before = rss_mb(pid) if pid else None
-            r = trace_flood(url, args.sessions)
+            r = trace_flood(url, args.sessions, args.addresses)
             memory = ""
             if pid:
                 peak = rss_mb(pid)
                 time.sleep(5)
                 memory = f"; server RSS {before:.0f} -> {peak:.0f} MiB, {rss_mb(pid):.0f} MiB 5 s later"
-            print(f"one crafted trace ({r['trace_bytes'] / 2**20:.1f} MB) loaded by {r['sessions']} new sessions of one "
-                  f"address: {r['loaded']} loaded, {r['refused']} refused with a message, {len(r['other'])} other"
+            print(f"one crafted trace ({r['trace_bytes'] / 2**20:.1f} MB) loaded by {r['sessions']} new sessions of "
+                  f"{args.addresses} address(es): {r['loaded']} loaded, {r['refused']} refused with a message, {len(r['other'])} other"
                   f"{memory}")
             for e in r["other"][:5]:
                 print("  other:", e)
