@@ -56,8 +56,8 @@ class Session:
     busy: bool = False                                # a Generate / Step / Explore handler is running
     stop_requested: bool = False                      # Stop was pressed; that handler ends at its next update
     expired: str = ""                                 # why the server ended this visitor's paused run (limits.PausedRuns)
-    _bytes_key: tuple = ()                            # limits.session_bytes' cache: its estimate of the records held
     records_shared: bool = False                      # the records are a shipped demo's, shared by every session
+    _bytes_key: tuple = ()                            # limits.session_bytes' cache: its estimate of the records held
     _bytes: int = 0
 
     def start(self, settings: dict, model: dict, source: str = "live") -> None:
@@ -66,10 +66,9 @@ class Session:
         self.settings, self.model, self.source = dict(settings), dict(model), source
         self.steps, self.summary, self.race_vanilla, self.app_seconds = [], None, None, None
         self.load, self.parting, self.adapter, self.expired = None, None, None, ""
-        self.run_id += 1
         self.records_shared = False
+        self.run_id += 1
 
-    @contextmanager
     @contextmanager
     def kept_on_error(self):
         """Put back what the session showed if the block fails (a trace that cannot be shown
@@ -84,6 +83,7 @@ class Session:
                 self.stepper, self.stepper_request = None, None     # it was closed meanwhile: nothing to resume
             raise
 
+    @contextmanager
     def running(self):
         """Mark a handler as running for this visitor; Stop waits for it to end (``wait_idle``)."""
         self.busy, self.stop_requested = True, False
