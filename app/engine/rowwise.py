@@ -76,7 +76,7 @@ class RowwiseLlamaDecoder(FusedLlamaDecoder):
         n = ids.shape[1]
         x = self.body.embed_tokens(ids)[0].float()                              # (n, H)
         cos, sin = self._rope(positions)                                        # (n, d)
-        keep = None if mask is None else mask[0, 0]                            # (n, L) bool
+        keep = None if mask is None else mask[0, 0].to(torch.uint8).contiguous()   # (n, L), once for all layers
         qk_heads = self.heads + self.kv_heads
         d = self.head_dim
         taps: dict[int, torch.Tensor] = {}

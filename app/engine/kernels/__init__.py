@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("rowwise.c")
-FLAGS = {"avx512": ["-mavx512f", "-mavx2", "-mfma"], "avx2": ["-mavx2", "-mfma"]}
+FLAGS = {"avx512bf16": ["-mavx512f", "-mavx512bf16", "-mavx2", "-mfma"],
+         "avx512": ["-mavx512f", "-mavx2", "-mfma"], "avx2": ["-mavx2", "-mfma"]}
 
 _lib = None
 _why_not: str | None = None
@@ -39,7 +40,8 @@ def cpu_flags() -> set[str]:
 
 
 def isa() -> str | None:
-    """The vector ISA to build for: avx512, avx2, or None (no kernels on this CPU)."""
+    """The vector ISA to build for: avx512bf16 (AVX-512 with native bfloat16 dot products),
+    avx512, avx2, or None (no kernels on this CPU)."""
     flags = cpu_flags()
     if not {"avx2", "fma"} <= flags:
         return None
@@ -47,7 +49,7 @@ def isa() -> str | None:
     if wanted == "default":
         return None
     if "avx512f" in flags and wanted not in ("avx2",):
-        return "avx512"
+        return "avx512bf16" if "avx512_bf16" in flags else "avx512"
     return "avx2"
 
 
@@ -118,7 +120,7 @@ def load(log=None):
                 ctypes.c_long, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                 ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p,
                 ctypes.c_int]
-            lib.rowwise_group.restype = ctypes.c_int
+            lib.rowwise_group.restype = lib.rowwise_bf16_pairs.restype = ctypes.c_int
             lib.rowwise_rmsnorm.restype = lib.rowwise_silu_mul.restype = None
             lib.rowwise_rmsnorm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
                                             ctypes.c_float, ctypes.c_void_p]
@@ -151,13 +153,20 @@ class Packed:
 
     def __init__(self, weight: torch.Tensor):
         N, K = weight.shape
-        g = group()
+        lib = _lib or load()
+        g = lib.rowwise_group()
         w = weight.detach()
         if N % g:
             w = torch.cat([w, w.new_zeros(g - N % g, K)])      # new_zeros: on w's device
-        self.data = w.view(-1, g, K).transpose(1, 2).contiguous()        # (N/G, K, G)
         self.out_features, self.in_features = N, K
         self.bf16 = int(w.dtype == torch.bfloat16)
+        if self.bf16 and lib.rowwise_bf16_pairs():
+            # native bfloat16 dot products read k in pairs: (N/G, K/2, G, 2)
+            if K % 2:
+                w = torch.cat([w, w.new_zeros(w.shape[0], 1)], dim=1)
+            self.data = w.view(-1, g, w.shape[1] // 2, 2).permute(0, 2, 1, 3).contiguous()
+        else:
+            self.data = w.view(-1, g, K).transpose(1, 2).contiguous()    # (N/G, K, G)
 
 
 def linear(x: torch.Tensor, weight: Packed) -> torch.Tensor:
@@ -181,15 +190,15 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: t
     """Softmax attention of each query row over the keys it may see, row- and head-wise.
 
     q (n, Hq, d) float32 with unit stride on d; keys, values (Hkv, L, d) with the same
-    layout as each other, unit strides on d and L·d; mask (n, L) bool (True = visible) or
-    None (causal over the last n keys). Returns (n, Hq·d) float32."""
+    layout as each other, unit strides on d and L·d; mask (n, L) bool or uint8 (nonzero =
+    visible) or None (causal over the last n keys). Returns (n, Hq·d) float32."""
     n, Hq, d = q.shape
     Hkv, L, _ = keys.shape
     assert keys.stride() == values.stride() and keys.stride()[1:] == (d, 1) and q.stride(-1) == 1
     threads = torch.get_num_threads()
     out = torch.empty(n, Hq * d, dtype=torch.float32, device="cpu")
-    scratch = torch.empty(threads, L + 16, dtype=torch.float32, device="cpu")
-    if mask is not None:
+    scratch = torch.empty(threads, Hq // Hkv, L + 16, dtype=torch.float32, device="cpu")
+    if mask is not None and (mask.dtype != torch.uint8 or not mask.is_contiguous()):
         mask = mask.to(torch.uint8).contiguous()
     (_lib or load()).rowwise_attention(q.data_ptr(), q.stride(0), q.stride(1), keys.data_ptr(), values.data_ptr(),
                            keys.stride(0), n, Hq, Hkv, d, L, mask.data_ptr() if mask is not None else None,

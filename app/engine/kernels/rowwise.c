@@ -29,6 +29,7 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -214,12 +215,97 @@ static void NAME(const float *x, long ldx, int M, const WT *w, int g0, int g1, i
 DEFINE_GROUPS(groups_f32, float, block_f32)
 DEFINE_GROUPS(groups_bf16, uint16_t, block_bf16)
 
+/* Native bfloat16 (AVX512-BF16): VDPBF16PS multiplies pairs of bfloat16 and adds both
+ * products into a float32 lane, twice the multiply-adds of an FMA per instruction. The
+ * weight is packed in k-pairs, P[g][k/2][c][2] = W[g*G + c][k .. k+1] (K padded to even), and
+ * each row of x is rounded to bfloat16 once (round to nearest even) before the loop. Per
+ * element: one chain over ascending k-pairs, as fixed as the float32 one. */
+#if defined(__AVX512BF16__)
+int rowwise_bf16_pairs(void) { return 1; }
+
+static inline uint16_t f32_to_bf16(float f) {           /* round to nearest even; NaN stays NaN */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static inline __attribute__((always_inline)) void block_dp(
+        const uint32_t *xp, long ldxp, const uint16_t *wg, float *y, long ldy, int Kp, int ncols,
+        const int mb) {
+    __m512 acc[MB][GV];
+    for (int i = 0; i < mb; i++)
+        for (int v = 0; v < GV; v++) acc[i][v] = _mm512_setzero_ps();
+    for (int k = 0; k < Kp; k++) {
+        __m512i wv[GV];
+        for (int v = 0; v < GV; v++) wv[v] = _mm512_loadu_si512((const void *)(wg + ((long)k * G + v * VW) * 2));
+        for (int i = 0; i < mb; i++) {
+            __m512i xk = _mm512_set1_epi32((int)xp[i * ldxp + k]);
+            for (int v = 0; v < GV; v++) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], (__m512bh)xk, (__m512bh)wv[v]);
+        }
+    }
+    for (int i = 0; i < mb; i++) {
+        if (ncols == G) {
+            for (int v = 0; v < GV; v++) _mm512_storeu_ps(y + i * ldy + v * VW, acc[i][v]);
+        } else {
+            float tmp[G];
+            for (int v = 0; v < GV; v++) _mm512_storeu_ps(tmp + v * VW, acc[i][v]);
+            memcpy(y + i * ldy, tmp, sizeof(float) * ncols);
+        }
+    }
+}
+
+#define CASE_DP(R) case R: block_dp(xb, Kp, wg, yb, ldy, Kp, ncols, R); break;
+static void groups_dp(const uint32_t *xp, int M, const uint16_t *w, int g0, int g1, int N, int Kp,
+                      float *y, long ldy) {
+    for (int g = g0; g < g1; g++) {
+        const uint16_t *wg = w + (long)g * Kp * G * 2;
+        int ncols = N - g * G < G ? N - g * G : G;
+        for (int m = 0; m < M; m += MB) {
+            const uint32_t *xb = xp + (long)m * Kp;
+            float *yb = y + (long)m * ldy + (long)g * G;
+            switch (M - m < MB ? M - m : MB) {
+            CASE_DP(1) CASE_DP(2) CASE_DP(3) CASE_DP(4) CASE_DP(5) CASE_DP(6)
+            CASE_DP(7) CASE_DP(8) CASE_DP(9) CASE_DP(10) CASE_DP(11) CASE_DP(12)
+            }
+        }
+    }
+}
+#else
+int rowwise_bf16_pairs(void) { return 0; }
+#endif
+
 /* y (M, N), row stride ldy  =  x (M, K), row stride ldx  @  W.T, W packed as above.
  * wbf16: the packed weight holds bfloat16 (uint16) rather than float32. */
 void rowwise_linear(const float *x, long ldx, int M, const void *w, int wbf16, int N, int K,
                     float *y, long ldy, int threads) {
     int groups = (N + G - 1) / G;
     if (threads > groups) threads = groups;
+#if defined(__AVX512BF16__)
+    if (wbf16) {
+        int Kp = (K + 1) / 2;
+        uint16_t *xb = (uint16_t *)calloc((size_t)M * Kp * 2, sizeof(uint16_t));
+        for (int i = 0; i < M; i++) {
+            int k = 0;
+            for (; k + 16 <= K; k += 16)       /* VCVTNEPS2BF16: round to nearest even, as f32_to_bf16 */
+                _mm256_storeu_si256((__m256i *)(xb + (long)i * Kp * 2 + k),
+                                    (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + (long)i * ldx + k)));
+            for (; k < K; k++) xb[(long)i * Kp * 2 + k] = f32_to_bf16(x[(long)i * ldx + k]);
+        }
+        #pragma omp parallel num_threads(threads) if (threads > 1)
+        {
+#ifdef _OPENMP
+            int t = omp_get_thread_num(), nt = omp_get_num_threads();
+#else
+            int t = 0, nt = 1;
+#endif
+            int g0 = (int)((long)groups * t / nt), g1 = (int)((long)groups * (t + 1) / nt);
+            groups_dp((const uint32_t *)xb, M, (const uint16_t *)w, g0, g1, N, Kp, y, ldy);
+        }
+        free(xb);
+        return;
+    }
+#endif
     #pragma omp parallel num_threads(threads) if (threads > 1)
     {
 #ifdef _OPENMP
@@ -243,75 +329,120 @@ static inline float dot(const float *a, const float *b, int d) {
     return s;
 }
 
+/* Four dot products at once, each with exactly dot()'s arithmetic: the same FMA chain per
+ * lane, then v_sum's lane tree (l, l+8), (l, l+4), (l, l+2), (l, l+1) done for four keys
+ * together in shuffles. d must be a multiple of 16. */
+#if defined(__AVX512F__)
+static inline __m128 dot4(const float *a, const float *b0, const float *b1, const float *b2,
+                          const float *b3, int d) {
+    __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
+    for (int t = 0; t < d; t += 16) {
+        __m512 at = _mm512_loadu_ps(a + t);
+        c0 = _mm512_fmadd_ps(at, _mm512_loadu_ps(b0 + t), c0);
+        c1 = _mm512_fmadd_ps(at, _mm512_loadu_ps(b1 + t), c1);
+        c2 = _mm512_fmadd_ps(at, _mm512_loadu_ps(b2 + t), c2);
+        c3 = _mm512_fmadd_ps(at, _mm512_loadu_ps(b3 + t), c3);
+    }
+    /* (l, l+8): [k0 | k1] and [k2 | k3], 8 lanes each */
+    __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(c0, c1, 0x44), _mm512_shuffle_f32x4(c0, c1, 0xEE));
+    __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(c2, c3, 0x44), _mm512_shuffle_f32x4(c2, c3, 0xEE));
+    /* (l, l+4): [k0 | k1 | k2 | k3], 4 lanes each */
+    __m512 s4 = _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, 0x88), _mm512_shuffle_f32x4(s01, s23, 0xDD));
+    /* (l, l+2), then (l, l+1) inside each 128-bit quarter */
+    __m512 s2 = _mm512_add_ps(s4, _mm512_permute_ps(s4, 0x4E));
+    __m512 s1 = _mm512_add_ps(s2, _mm512_permute_ps(s2, 0xB1));
+    /* lane 0 of each quarter */
+    return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                                                         12, 8, 4, 0), s1));
+}
+#endif
+
 /* out[i][h*d + t] = softmax_j(scale * q_i,h . k_j) v_j over the keys row i may see.
  *   q       (n rows, Hq heads, d): q + i*q_row + h*q_head
  *   k, v    (Hkv heads, L keys, d): k + g*kv_head + j*d      (head h reads g = h / (Hq/Hkv))
  *   mask    (n, L) bytes, nonzero = visible; NULL: row i sees keys j <= L - n + i (causal)
  *   out     (n, Hq*d), row stride ldo
- *   scratch (threads, L + 16) floats
+ *   scratch (threads, Hq/Hkv, L + 16) floats
  * Masked keys get probability exactly 0 and are skipped, so a row's result is the same
  * whether the keys it does not see are absent (a decode step) or masked (a tree). */
 void rowwise_attention(const float *q, long q_row, long q_head, const float *k, const float *v,
                        long kv_head, int n, int Hq, int Hkv, int d, int L, const uint8_t *mask,
                        float scale, float *out, long ldo, float *scratch, int threads) {
+    /* one task: row i against key/value head g, for the `group` query heads that share it
+     * (each key and value is loaded once for all of them) */
     int group = Hq / Hkv;
-    #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && n * Hq > 1)
-    for (int task = 0; task < n * Hq; task++) {
-        int i = task / Hq, h = task % Hq, g = h / group;
+    #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && n * Hkv > 1)
+    for (int task = 0; task < n * Hkv; task++) {
+        int i = task / Hkv, g = task % Hkv;
 #ifdef _OPENMP
-        float *p = scratch + (long)omp_get_thread_num() * (L + 16);
+        float *scr = scratch + (long)omp_get_thread_num() * group * (L + 16);
 #else
-        float *p = scratch;
+        float *scr = scratch;
 #endif
-        const float *qi = q + (long)i * q_row + (long)h * q_head;
         const float *kg = k + (long)g * kv_head, *vg = v + (long)g * kv_head;
         const uint8_t *row = mask ? mask + (long)i * L : NULL;
         int keys = mask ? L : L - n + i + 1;          /* causal: row i sees keys [0, keys) */
-        float mx = -INFINITY;
-        for (int j = 0; j < keys; j++) {
-            if (row && !row[j]) { p[j] = -INFINITY; continue; }
-            p[j] = scale * dot(qi, kg + (long)j * d, d);
-            if (p[j] > mx) mx = p[j];
-        }
-        for (int j = keys; j < keys + 16; j++) p[j] = -INFINITY;
-        v16 m = v_set1(mx);
-        for (int j = 0; j < keys; j += 16) {
-            v16 e = v_exp(v_add(v_load(p + j), v_neg(m)));     /* -inf - mx -> exp gives 0 */
-            v_store(p + j, e);
-        }
-        float sum = 0.0f;
-        for (int j = 0; j < keys; j++) sum += p[j];
-        float *o = out + (long)i * ldo + (long)h * d;
-        float inv = 1.0f / sum;
-        int t = 0;
-        for (; t + 64 <= d; t += 64) {        /* 4 chunks of 16 per pass over the keys */
-            v16 a0 = v_zero(), a1 = v_zero(), a2 = v_zero(), a3 = v_zero();
-            for (int j = 0; j < keys; j++) {
-                if (p[j] == 0.0f) continue;
-                const float *vj = vg + (long)j * d + t;
-                v16 pj = v_set1(p[j]);
-                a0 = v_fma(pj, v_load(vj), a0);
-                a1 = v_fma(pj, v_load(vj + 16), a1);
-                a2 = v_fma(pj, v_load(vj + 32), a2);
-                a3 = v_fma(pj, v_load(vj + 48), a3);
+        for (int a = 0; a < group; a++) {
+            int h = g * group + a;
+            const float *qi = q + (long)i * q_row + (long)h * q_head;
+            float *p = scr + (long)a * (L + 16);
+            float mx = -INFINITY;
+            int j = 0;
+#if defined(__AVX512F__)
+            if (d % 16 == 0)
+                for (; j + 4 <= keys; j += 4) {
+                    const float *kj = kg + (long)j * d;
+                    float s4[4];
+                    _mm_storeu_ps(s4, dot4(qi, kj, kj + d, kj + 2 * d, kj + 3 * d, d));
+                    for (int e = 0; e < 4; e++) {
+                        p[j + e] = (row && !row[j + e]) ? -INFINITY : scale * s4[e];
+                        if (p[j + e] > mx) mx = p[j + e];
+                    }
+                }
+#endif
+            for (; j < keys; j++) {
+                if (row && !row[j]) { p[j] = -INFINITY; continue; }
+                p[j] = scale * dot(qi, kg + (long)j * d, d);
+                if (p[j] > mx) mx = p[j];
             }
-            v16 sc = v_set1(inv);
-            v_store(o + t, v_mul(a0, sc));
-            v_store(o + t + 16, v_mul(a1, sc));
-            v_store(o + t + 32, v_mul(a2, sc));
-            v_store(o + t + 48, v_mul(a3, sc));
-        }
-        for (; t + 16 <= d; t += 16) {
-            v16 acc = v_zero();
-            for (int j = 0; j < keys; j++)
-                if (p[j] != 0.0f) acc = v_fma(v_set1(p[j]), v_load(vg + (long)j * d + t), acc);
-            v_store(o + t, v_mul(acc, v_set1(inv)));
-        }
-        for (; t < d; t++) {
-            float s = 0.0f;
-            for (int j = 0; j < keys; j++)
-                if (p[j] != 0.0f) s = fmaf(p[j], vg[(long)j * d + t], s);
-            o[t] = s * inv;
+            for (int j = keys; j < keys + 16; j++) p[j] = -INFINITY;
+            v16 m = v_set1(mx);
+            for (int j = 0; j < keys; j += 16)          /* -inf - mx -> exp gives 0 */
+                v_store(p + j, v_exp(v_add(v_load(p + j), v_neg(m))));
+            float sum = 0.0f;
+            for (int j = 0; j < keys; j++) sum += p[j];
+            float inv = 1.0f / sum;
+            float *o = out + (long)i * ldo + (long)h * d;
+            int t = 0;
+            for (; t + 64 <= d; t += 64) {        /* 4 chunks of 16 per pass over the keys */
+                v16 a0 = v_zero(), a1 = v_zero(), a2 = v_zero(), a3 = v_zero();
+                for (int j = 0; j < keys; j++) {
+                    if (p[j] == 0.0f) continue;
+                    const float *vj = vg + (long)j * d + t;
+                    v16 pj = v_set1(p[j]);
+                    a0 = v_fma(pj, v_load(vj), a0);
+                    a1 = v_fma(pj, v_load(vj + 16), a1);
+                    a2 = v_fma(pj, v_load(vj + 32), a2);
+                    a3 = v_fma(pj, v_load(vj + 48), a3);
+                }
+                v16 sc = v_set1(inv);
+                v_store(o + t, v_mul(a0, sc));
+                v_store(o + t + 16, v_mul(a1, sc));
+                v_store(o + t + 32, v_mul(a2, sc));
+                v_store(o + t + 48, v_mul(a3, sc));
+            }
+            for (; t + 16 <= d; t += 16) {
+                v16 acc = v_zero();
+                for (int j = 0; j < keys; j++)
+                    if (p[j] != 0.0f) acc = v_fma(v_set1(p[j]), v_load(vg + (long)j * d + t), acc);
+                v_store(o + t, v_mul(acc, v_set1(inv)));
+            }
+            for (; t < d; t++) {
+                float acc = 0.0f;
+                for (int j = 0; j < keys; j++)
+                    if (p[j] != 0.0f) acc = fmaf(p[j], vg[(long)j * d + t], acc);
+                o[t] = acc * inv;
+            }
         }
     }
 }
