@@ -30,12 +30,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def auto_tree(engine, base: TreeConfig, say):
-    """The "auto" tree: adapted while decoding, from the kept profile of this machine if there
-    is one; never measured here in the foreground (``python -m app tune`` does that)."""
+    """The "auto" tree: adapted while decoding, from the kept profile of this machine. On the
+    fast forward a first run measures that profile (the forward's cost curve and the head's
+    acceptance: under a minute, said line by line, then kept), because there the right tree
+    is much larger than the safe small chains; on the eager forward it is left to
+    ``python -m app tune``."""
     from app.engine.adapt import adapter_for
-    from app.engine.autotune import cost_curve_text
+    from app.engine.autotune import cost_curve_text, kept_cost_curve
+    from app.engine.rowwise import RowwiseLlamaDecoder
 
-    start, adapter, choice = adapter_for(engine, base, measure=False)
+    measure = isinstance(engine.decoder, RowwiseLlamaDecoder) and kept_cost_curve(engine.target) is None
+    if measure:
+        say("no kept profile of this machine for the fast forward yet: measuring it once (under a minute)")
+    start, adapter, choice = adapter_for(engine, base, measure=measure, progress=say)
     trees = ", ".join(adapter._key(t) for t in adapter.candidates)
     if choice is None:
         say(f"adaptive tree over {trees} (total/depth/top_k), starting at {start.total_tokens}/{start.depth}/1; "

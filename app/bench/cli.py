@@ -191,21 +191,31 @@ def run_benchmark(engines, args, suites, specs, sampling) -> int:
             auto_report = choice.to_dict()       # the cost curve and every candidate, for the JSON and plots
             print(f"[bench] {auto_text}", file=sys.stderr, flush=True)
 
-    fp32_target = None
-    if any(s.method == "hf-fp32" for s in specs):
-        if engine.target.dtype == torch.float32:
-            fp32_target = engine.target
-        else:
-            from app.engine.loading import load_target
+    peers = {}                      # hf-fp32, hf-bf16, hf-compile: generate on targets of their own
+    for method, dtype in (("hf-fp32", torch.float32), ("hf-bf16", torch.bfloat16)):
+        if any(s.method == method for s in specs):
+            if engine.target.dtype == dtype:
+                peers[method] = engine.target
+            else:
+                from app.engine.loading import load_target
 
-            fp32_target = load_target(args.base_model, device=args.device, dtype="float32")
+                peers[method] = load_target(args.base_model, device=args.device, dtype=str(dtype).replace("torch.", ""),
+                                            forward="eager")
+    if any(s.method == "hf-compile" for s in specs):
+        from app.bench.runners import compiled_peer
+
+        print("[bench] hf-compile: compiling transformers' forward with a static cache during the warm-up "
+              "(minutes on a CPU, not timed)", file=sys.stderr, flush=True)
+        peers["hf-compile"] = compiled_peer(engine.target)
 
     # warm-up: one short run per method (first prompt), so lazy init and allocator growth
     # are not charged to the first timed prompt
     warm_ids = engine.encode_prompt(prompts[0].text)
     for spec in specs:
         governor.apply(probe)
-        run_one(engines[spec.head], spec, "warmup", -1, warm_ids, sampling, args.warmup_tokens, fp32_target)
+        run_one(engines[spec.head], spec, "warmup", -1, warm_ids, sampling, args.warmup_tokens, peers)
+        if spec.method == "hf-compile":     # a second shape: the compiled prefill goes dynamic now, not in a timed run
+            run_one(engines[spec.head], spec, "warmup", -1, warm_ids[:-1], sampling, args.warmup_tokens, peers)
 
     records = []
     bar = tqdm(total=len(prompts) * len(specs), desc="bench", unit="run", file=sys.stderr, dynamic_ncols=True)
@@ -216,7 +226,7 @@ def run_benchmark(engines, args, suites, specs, sampling) -> int:
             bar.set_postfix_str(f"{prompt.suite} #{prompt.question_id} {spec.label}")
             thread_counts.append(governor.apply(probe))     # timed afresh every few seconds, the same for every method
             rec = run_one(engines[spec.head], spec, prompt.suite, prompt.question_id, ids, sampling, args.max_new_tokens,
-                          fp32_target)
+                          peers)
             records.append(rec)
             bar.update(1)
     bar.close()

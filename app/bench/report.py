@@ -73,7 +73,7 @@ def aggregate(records: list[RunRecord], specs: list[MethodSpec], greedy: bool) -
             if runs:
                 table[spec.label] = method_stats(runs, spec, vanilla)
         for stats in table.values():
-            for ref in ("hf", "vanilla", "hf-fp32"):
+            for ref in ("hf", "vanilla", "hf-fp32", "hf-bf16", "hf-compile"):
                 base = table.get(ref)
                 stats[f"speedup_{ref}"] = _ratio(stats["tokens_per_s"], base["tokens_per_s"]) if base else None
         out[suite] = table
@@ -135,9 +135,11 @@ def markdown_report(summary: dict, meta: dict) -> str:
                      + " (every candidate's prediction: `meta.auto_tree_report` in results.json, and plots.html)")
     for suite, table in summary.items():
         lines += ["", f"## {suite}", "", markdown_table(table)]
-        if "hf-fp32" in table:
-            lines += ["", "× hf-fp32 (plain generate in float32): " + ", ".join(
-                f"{label} {_f(s['speedup_hf-fp32'])}" for label, s in table.items())]
+        for ref, what in (("hf-fp32", "plain generate in float32"), ("hf-bf16", "plain generate in bfloat16"),
+                          ("hf-compile", "generate with a static cache and torch.compile")):
+            if ref in table:
+                lines += ["", f"× {ref} ({what}): " + ", ".join(
+                    f"{label} {_f(s[f'speedup_{ref}'])}" for label, s in table.items())]
     lines += ["", LEGEND, ""]
     return "\n".join(lines)
 

@@ -22,9 +22,14 @@ import torch
 
 from app.engine.config import HEAD_METHODS, METHODS, SamplingConfig, TreeConfig
 
-# hf-fp32: plain generate on a float32 copy of the target, the reference when the engine runs
-# in bf16 (so a bf16 run reports its ratio to both the same-dtype and the float32 hf).
-HF_METHODS = ("hf", "hf-pld", "hf-fp32")
+# hf-fp32 / hf-bf16: plain generate on a float32 / bfloat16 copy of the target (the engine's
+# own target when it has that dtype), so one run reports its ratio to plain decoding in both.
+# hf-compile: transformers' own fast path, as a power user would try it: a static KV cache
+# and ``torch.compile(model.forward)`` (default mode), on a copy in the engine's dtype;
+# compiled during the bench's warm-up, not timed.
+HF_METHODS = ("hf", "hf-pld", "hf-fp32", "hf-bf16", "hf-compile")
+PEER_METHODS = ("hf-fp32", "hf-bf16", "hf-compile")       # run on a target of their own
+STATIC_CACHE_LEN = 2048                                     # hf-compile: one cache shape, one decode graph
 ALL_METHODS = HF_METHODS + METHODS
 PLD_TOKENS = 10   # prompt_lookup_num_tokens for hf-pld (transformers' documented example value)
 
@@ -38,7 +43,7 @@ class MethodSpec:
     """
 
     label: str
-    method: str                       # hf | hf-pld | hf-fp32 | one of config.METHODS
+    method: str                       # one of HF_METHODS or config.METHODS
     tree: TreeConfig | None = None    # None for hf methods
     auto: bool = False
     adaptive: bool = False            # dynamic:adaptive: the tree adapts while decoding (app.engine.adapt)
@@ -163,6 +168,10 @@ def run_hf(target, spec: MethodSpec, suite: str, qid, prompt_ids: list[int], sam
         kwargs["prompt_lookup_num_tokens"] = PLD_TOKENS
     if not sampling.greedy:
         torch.manual_seed(sampling.seed)
+    static = getattr(target, "static_cache", None)          # hf-compile's peer (``compiled_peer``)
+    if static is not None:
+        static.reset()
+        kwargs["past_key_values"] = static
     eos = sorted(target.eos_ids)
     model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, streamer=clock,
                    eos_token_id=eos or None, pad_token_id=target.tokenizer.pad_token_id if
@@ -217,10 +226,27 @@ def run_engine(engine, spec: MethodSpec, suite: str, qid, prompt_ids: list[int],
                      tree=t.shape() if t.uses_draft else None)
 
 
+def compiled_peer(target):
+    """hf-compile's target: a copy of ``target`` whose forward is ``torch.compile``d and which
+    decodes into one ``StaticCache`` (transformers' documented fast path for ``generate``)."""
+    import copy
+    from dataclasses import replace
+
+    from transformers import StaticCache
+
+    model = copy.deepcopy(target.model)
+    model.forward = torch.compile(model.forward)
+    peer = replace(target, model=model)
+    peer.static_cache = StaticCache(config=model.config, max_cache_len=STATIC_CACHE_LEN)
+    return peer
+
+
 def run_one(engine, spec: MethodSpec, suite: str, qid, prompt_ids, sampling, max_new_tokens,
-            fp32_target=None) -> RunRecord:
-    if spec.method == "hf-fp32":
-        return run_hf(fp32_target or engine.target, spec, suite, qid, prompt_ids, sampling, max_new_tokens)
+            peers: dict | None = None) -> RunRecord:
+    """``peers``: the targets of PEER_METHODS, by method (``hf-fp32`` defaults to the engine's)."""
+    if spec.method in PEER_METHODS:
+        return run_hf((peers or {}).get(spec.method, engine.target), spec, suite, qid, prompt_ids, sampling,
+                      max_new_tokens)
     if spec.is_hf:
         return run_hf(engine.target, spec, suite, qid, prompt_ids, sampling, max_new_tokens)
     return run_engine(engine, spec, suite, qid, prompt_ids, sampling, max_new_tokens)
