@@ -70,7 +70,7 @@ class RowwiseLlamaDecoder(FusedLlamaDecoder):
             probe = torch.zeros(1, 1, self.head_dim, device="cpu")
             cos, sin = self.body.rotary_emb(probe, torch.arange(size, device="cpu")[None])
             self._cos, self._sin = cos[0].float(), sin[0].float()                 # (size, d)
-        return self._cos[positions[0]], self._sin[positions[0]]
+        return self._cos[positions[0]].contiguous(), self._sin[positions[0]].contiguous()
 
     def __call__(self, ids, positions, mask, cache, layers: tuple[int, ...] = ()):
         n = ids.shape[1]
@@ -83,14 +83,14 @@ class RowwiseLlamaDecoder(FusedLlamaDecoder):
         for i, w in enumerate(self.layers):
             if i in layers:
                 taps[i] = x
-            qkv = kernels.linear(kernels.rms_norm(x, w["norm1"], w["eps1"]), w["qkv"])
-            qk, v = qkv.split([qk_heads * d, self.kv_heads * d], dim=-1)       # (n, (Hq+Hkv)·d), (n, Hkv·d)
-            qk = qk.view(n, qk_heads, d).transpose(0, 1)                        # (Hq+Hkv, n, d)
-            qk = qk * cos + _rotate_half(qk) * sin
-            q, k = qk.split([self.heads, self.kv_heads], dim=0)                 # (Hq, n, d), (Hkv, n, d)
-            v = v.view(n, self.kv_heads, d).transpose(0, 1)                     # (Hkv, n, d)
+            qkv = kernels.linear(kernels.rms_norm(x, w["norm1"], w["eps1"]), w["qkv"])   # (n, (Hq+2Hkv)·d)
+            kernels.rope_(qkv, qk_heads, d, cos, sin)                           # RoPE on the q and k heads
+            heads = qkv.view(n, qk_heads + self.kv_heads, d)
+            q = heads[:, :self.heads]                                           # (n, Hq, d)
+            k = heads[:, self.heads:qk_heads].transpose(0, 1)                   # (Hkv, n, d)
+            v = heads[:, qk_heads:].transpose(0, 1)                             # (Hkv, n, d)
             keys, values = cache.update(k[None], v[None], i)                    # (1, Hkv, L, d)
-            o = kernels.attention(q.transpose(0, 1), keys[0], values[0], keep, w["scaling"])   # (n, Hq·d)
+            o = kernels.attention(q, keys[0], values[0], keep, w["scaling"])    # (n, Hq·d)
             x = x + kernels.linear(o, w["o"])
             gate_up = kernels.linear(kernels.rms_norm(x, w["norm2"], w["eps2"]), w["gate_up"])   # (n, 2I)
             x = x + kernels.linear(kernels.silu_mul(gate_up), w["down"])

@@ -125,6 +125,9 @@ def load(log=None):
             lib.rowwise_rmsnorm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
                                             ctypes.c_float, ctypes.c_void_p]
             lib.rowwise_silu_mul.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+            lib.rowwise_rope.restype = None
+            lib.rowwise_rope.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_int, ctypes.c_int,
+                                         ctypes.c_void_p, ctypes.c_void_p]
             lib.kind = kind
             _lib = lib
     return _lib
@@ -220,3 +223,13 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty(n, two_i // 2, dtype=torch.float32, device="cpu")
     (_lib or load()).rowwise_silu_mul(gate_up.data_ptr(), n, two_i // 2, out.data_ptr())
     return out
+
+
+def rope_(qkv: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding, in place, on the first ``heads`` heads of each row of the
+    [q; k; v] projection ``qkv`` (n, ·) float32 contiguous; cos, sin (n, head_dim) float32
+    contiguous. Returns ``qkv``."""
+    assert head_dim <= 1024 and qkv.is_contiguous() and cos.is_contiguous() and sin.is_contiguous()
+    n = qkv.shape[0]
+    (_lib or load()).rowwise_rope(qkv.data_ptr(), n, qkv.stride(0), heads, head_dim, cos.data_ptr(), sin.data_ptr())
+    return qkv

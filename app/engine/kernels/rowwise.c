@@ -485,3 +485,23 @@ void rowwise_silu_mul(const float *gu, int n, int I, float *out) {
         }
     }
 }
+
+/* RoPE in place on the first `heads` heads of each row of qkv (n, ld): for head h of row i,
+ * x = qkv[i][h*d ...], x'[t] = x[t] cos[i][t] + r[t] sin[i][t] with r = (-x[d/2 ..], x[.. d/2]);
+ * a product, a product and a sum, each rounded, as transformers' apply_rotary_pos_emb. */
+void rowwise_rope(float *qkv, int n, long ld, int heads, int d, const float *cos, const float *sin) {
+    int half = d / 2;
+    float r[1024];
+    for (int i = 0; i < n; i++) {
+        const float *c = cos + (long)i * d, *s = sin + (long)i * d;
+        for (int h = 0; h < heads; h++) {
+            float *x = qkv + (long)i * ld + (long)h * d;
+            for (int t = 0; t < half; t++) { r[t] = -x[t + half]; r[t + half] = x[t]; }
+            for (int t = 0; t < d; t++) {
+                float a = x[t] * c[t];
+                float b = r[t] * s[t];
+                x[t] = a + b;
+            }
+        }
+    }
+}
