@@ -632,7 +632,10 @@ def test_compare_methods_view(url):
 
 
 def _title_unclipped(page, selector: str) -> None:
-    """The figure's title is inside its plot's box and under no toolbar."""
+    """The figure's title is inside its plot's box and under no toolbar (shown while hovered)."""
+    box = page.locator(selector).bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + min(box["height"] / 2, 200))
+    page.wait_for_timeout(300)
     seen = page.evaluate("""(sel) => { const plot = document.querySelector(sel);
         const title = plot.querySelector('.gtitle'); if (!title) return null;
         const t = title.getBoundingClientRect(), p = plot.getBoundingClientRect();
