@@ -8,6 +8,7 @@ from __future__ import annotations
 from app.engine.config import GenerationLimits
 from app.engine.engine import Engine
 from app.engine import loading
+from app.engine.drafters.registry import DEFAULT_HEAD_KIND, head_kind
 
 
 def load_engine(base_model: str | None = None, draft_model: str | None = None, device: str = "auto",
@@ -41,7 +42,7 @@ def load_engine(base_model: str | None = None, draft_model: str | None = None, d
             missing = str(exc)
     vocab = None
     # an EAGLE-3 head drafts over its own vocabulary (its d2t map); draft_vocab.json is EAGLE-2's
-    if draft is not None and getattr(draft, "kind", "eagle2") == "eagle2" and not full_draft_vocab:
+    if draft is not None and head_kind(draft) == DEFAULT_HEAD_KIND and not full_draft_vocab:
         vocab = loading.load_draft_vocab(draft.folder, target.model.config.vocab_size)
     if medusa not in ("required", "optional", "none"):
         raise ValueError(f"medusa must be required, optional or none, got {medusa!r}")

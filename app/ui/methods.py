@@ -19,6 +19,7 @@ import dataclasses
 from typing import Iterator
 
 from app.engine.config import TreeConfig
+from app.engine.drafters.registry import DRAFTERS
 from app.engine.events import StepEvent
 from app.ui.handlers import RACE_CHUNK_TOKENS, _load_average, instructive_step, parse, use_request_threads
 from app.ui.pump import BackgroundRun
@@ -34,12 +35,11 @@ VIEW_NAMES = ("methods_status", "methods_race", "methods_trees", "methods_table"
 
 
 def available_methods(ctx: AppContext) -> list[str]:
-    """The methods this server can run, in the page's order: those without trained weights
-    first, then Medusa (when heads are loaded), then the EAGLE head's (when a head is loaded)."""
-    out = ["vanilla", "pld", "lookahead"]
+    """The methods this server can run, in the page's order: vanilla, the drafters of the
+    registry (``app.engine.drafters``; one that needs trained weights only when the engine has
+    them loaded), then the EAGLE head's (when a head is loaded)."""
     engine = ctx.engine
-    if engine is not None and getattr(engine, "medusa", None) is not None:
-        out.append("medusa")
+    out = ["vanilla"] + [d.method for d in DRAFTERS if not d.weights or getattr(engine, d.weights, None) is not None]
     if ctx.has_head:
         out += ["static", "dynamic"]
         out += [f"dynamic@{name}" for name in ctx.heads]     # EAGLE-2's tree drafted by another shipped head

@@ -14,74 +14,78 @@ same tree-masked target forward and the same acceptance rules as EAGLE's trees
 Candidates of pld and lookahead are fixed token sequences, not draws from a distribution,
 so under sampling ``verify.sequential_verify`` (the multi-candidate rule for deterministic
 children) keeps the output distributed exactly as the target's. Their nodes' ``q`` is a
-count, not a probability (``tree_from_sequences``).
+count, not a probability (``sequences.tree_from_sequences``).
 
 A drafter object lives in the run (``_Run.drafter``), never on a model: ``start`` makes one
 from the prefill, ``draft`` proposes a step's tree, ``observe`` reads the verify forward
-after the step is committed.
+after the step is committed (the ``Drafter`` protocol below).
+
+Modules:
+
+    registry.py   the catalogue: one ``DrafterInfo`` line per drafter (no torch: the settings,
+                  the trace schema and the page read it)
+    sequences.py  ``tree_from_sequences``: candidate continuations as one trie-shaped tree
+    pld.py, lookahead.py, medusa.py   the drafters
 """
 from __future__ import annotations
 
-from app.engine.tree import ROOT, DraftTree
+import importlib
+from typing import TYPE_CHECKING, Protocol
 
-NAMES = ("pld", "lookahead", "medusa")
+from app.engine.drafters.registry import (DEFAULT_HEAD_KIND, DRAFTER, DRAFTER_LABELS, DRAFTERS, HEAD_KINDS,
+                                          DrafterInfo, head_kind)
+
+if TYPE_CHECKING:
+    from app.engine.tree import DraftTree
+
+__all__ = ["Drafter", "DrafterInfo", "DRAFTERS", "DRAFTER", "DRAFTER_LABELS", "HEAD_KINDS", "DEFAULT_HEAD_KIND",
+           "NAMES", "head_kind", "start", "check_ready", "tree_from_sequences"]
+
+NAMES = tuple(DRAFTER)
 
 
-def start(engine, cfg, prompt_ids: list[int], features):
+class Drafter(Protocol):
+    """One run's drafter. ``start`` makes it from the prefill (``features``: (1, m, H) the
+    target's last hidden states over the prompt); ``draft`` proposes a step's tree; ``observe``
+    reads the verify forward (``verified``: its logits and hidden states) once the step's
+    accepted ``path`` and ``bonus`` token are committed."""
+
+    name: str
+
+    @classmethod
+    def start(cls, engine, cfg, prompt_ids: list[int], features) -> "Drafter": ...
+
+    def draft(self, engine, run, cfg) -> "DraftTree": ...
+
+    def observe(self, engine, run, verified, tree, path, bonus, cfg) -> None: ...
+
+
+def _drafter_class(info: DrafterInfo):
+    # Imported on first use: the drafters import torch, and this package is imported by the
+    # settings (app.engine.config), which must load without it.
+    module, _, name = info.target.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def start(engine, cfg, prompt_ids: list[int], features) -> Drafter | None:
     """The run's drafter for ``cfg.method``, or None for the EAGLE head's methods and vanilla.
     ``features``: (1, m, H) the target's last hidden states over the prompt."""
-    if cfg.method == "pld":
-        from app.engine.drafters.pld import PromptLookup
-
-        return PromptLookup()
-    if cfg.method == "lookahead":
-        from app.engine.drafters.lookahead import Lookahead
-
-        return Lookahead(cfg, prompt_ids)
-    if cfg.method == "medusa":
-        from app.engine.drafters.medusa import MedusaDrafter
-
-        return MedusaDrafter(features[0, -1])
-    return None
+    info = DRAFTER.get(cfg.method)
+    return None if info is None else _drafter_class(info).start(engine, cfg, prompt_ids, features)
 
 
-def tree_from_sequences(seqs: list[list[int]], total_tokens: int) -> tuple[DraftTree, list[list[int]]]:
-    """A trie of candidate continuations of the root, as a DraftTree in parent-first order.
+def check_ready(engine, cfg) -> None:
+    """ValueError when ``cfg``'s drafter needs trained weights the engine has not loaded."""
+    info = DRAFTER.get(cfg.method)
+    if info is not None and info.weights and getattr(engine, info.weights, None) is None:
+        raise ValueError(f"method {info.method} needs {info.label}, and none are loaded")
 
-    Sequences are inserted in priority order; shared prefixes share nodes, and a new node is
-    only made while fewer than ``total_tokens`` exist (a later sequence may be cut short).
-    Each node's ``q`` is count-based: the share of the sequences through its parent that go
-    on with its token (1.0 where all agree), so ``confidence`` is the share of all sequences
-    that reach the node. It scores agreement between candidates; it is not a probability any
-    model assigned. Returns the tree and, per sequence, the node of each of its tokens that
-    made it into the tree.
-    """
-    tokens: list[int] = []
-    parents: list[int] = []
-    counts: list[int] = []
-    child: dict[tuple[int, int], int] = {}
-    root_count = 0
-    nodes_of: list[list[int]] = []
-    for seq in seqs:
-        at, path = ROOT, []
-        for tok in seq:
-            node = child.get((at, tok))
-            if node is None:
-                if len(tokens) >= total_tokens:
-                    break
-                node = child[(at, tok)] = len(tokens)
-                tokens.append(int(tok))
-                parents.append(at)
-                counts.append(0)
-            counts[node] += 1
-            path.append(node)
-            at = node
-        root_count += bool(path)
-        nodes_of.append(path)
-    tree = DraftTree()
-    rank: dict[int, int] = {}
-    for i, (tok, par) in enumerate(zip(tokens, parents)):
-        parent_count = root_count if par == ROOT else counts[par]
-        rank[par] = rank.get(par, -1) + 1
-        tree.add(par, tok, counts[i] / parent_count, rank[par])
-    return tree, nodes_of
+
+def __getattr__(name: str):
+    # ``tree_from_sequences`` lives in sequences.py, which imports the tree module (torch, and
+    # the settings that import this package); it is re-exported here lazily for that reason.
+    if name == "tree_from_sequences":
+        from app.engine.drafters.sequences import tree_from_sequences
+
+        return tree_from_sequences
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -25,7 +25,7 @@ What this module implements (knobs: ``window`` W, ``ngram`` N, ``pool``, ``top_k
   (input_{t-N+2}(X-N+2), ..., input_t(X), output_t(X)), each token the target's prediction
   after the one before it; it enters the pool keyed by its first token (the newest last;
   beyond ``pool`` n-grams per key the oldest goes).
-* Node ``q``: count-based, as for pld (``drafters.tree_from_sequences``).
+* Node ``q``: count-based, as for pld (``drafters.sequences.tree_from_sequences``).
 
 How it differs from the paper: the paper feeds the last N - 1 iterations as a 2-D window
 (W x (N - 1) tokens) in every forward, each token attending to the prefix and to its own
@@ -44,7 +44,7 @@ from __future__ import annotations
 import random
 from collections import OrderedDict, deque
 
-from app.engine.drafters import tree_from_sequences
+from app.engine.drafters.sequences import tree_from_sequences
 from app.engine.tree import DraftTree
 
 
@@ -60,6 +60,10 @@ class Lookahead:
         self.pool: dict[int, OrderedDict] = {}            # first token -> {(N-1 following tokens): None}, oldest first
         self.window_nodes: list[int] = []                 # this step: node of each window guess in the tree
         self.history: deque = deque(maxlen=max(1, cfg.ngram - 2))   # last iterations: {position: (input, output)}
+
+    @classmethod
+    def start(cls, engine, cfg, prompt_ids: list[int], features) -> "Lookahead":
+        return cls(cfg, prompt_ids)
 
     def _filler(self, n: int) -> list[int]:
         return [self.rng.choice(self.prompt) for _ in range(n)]

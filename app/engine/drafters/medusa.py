@@ -166,6 +166,10 @@ class MedusaDrafter:
     def __init__(self, feature: torch.Tensor):
         self.feature = feature                            # (H,) feature of the token before the root
 
+    @classmethod
+    def start(cls, engine, cfg, prompt_ids: list[int], features) -> "MedusaDrafter":
+        return cls(features[0, -1])
+
     def draft(self, engine, run, cfg) -> DraftTree:
         heads = engine.medusa
         depth = min(cfg.depth, heads.num_heads)

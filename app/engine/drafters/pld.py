@@ -14,11 +14,11 @@ This is the idea behind transformers' ``generate(prompt_lookup_num_tokens=...)``
   ``total_tokens`` nodes, so several different continuations are verified in one forward.
 
 Node ``q`` = the share of the matches through the parent that continue with this token
-(``drafters.tree_from_sequences``): 1.0 when every match agrees.
+(``drafters.sequences.tree_from_sequences``): 1.0 when every match agrees.
 """
 from __future__ import annotations
 
-from app.engine.drafters import tree_from_sequences
+from app.engine.drafters.sequences import tree_from_sequences
 from app.engine.tree import DraftTree
 
 
@@ -45,6 +45,10 @@ class PromptLookup:
     """The pld drafter. It keeps no state: the run's committed tokens are all it reads."""
 
     name = "pld"
+
+    @classmethod
+    def start(cls, engine, cfg, prompt_ids: list[int], features) -> "PromptLookup":
+        return cls()
 
     def draft(self, engine, run, cfg) -> DraftTree:
         seqs = lookup(run.tokens, cfg.ngram, cfg.depth, cfg.top_k)
