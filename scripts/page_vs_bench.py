@@ -32,7 +32,7 @@ def main() -> int:
 
     from app.bench.prompts import load_suite
     from app.bench.runners import MethodSpec, run_one
-    from app.engine.config import SamplingConfig, TreeConfig
+    from app.engine.config import SamplingConfig, TreeConfig, TreeShape
     from app.engine.factory import load_engine
     from app.ui import handlers
     from app.ui.session import Session
@@ -40,14 +40,14 @@ def main() -> int:
     from app.viz.race import speedup
 
     torch.set_num_threads(args.threads)
-    total, depth, top_k = (int(x) for x in args.tree.split("/"))
+    shape = TreeShape.parse(args.tree)
     prompt = load_suite(args.suite, args.question + 1)[args.question].text
     engine, _ = load_engine(dtype="float32")
     ctx = AppContext(engine, ServerConfig(max_new_tokens=args.max_new_tokens, update_interval_s=1.0), "check")
     from app.engine.threads import ThreadGovernor
 
     ctx.threads = ThreadGovernor(fixed=args.threads)
-    tree = TreeConfig(method="dynamic", total_tokens=total, depth=depth, top_k=top_k)
+    tree = shape.config("dynamic")
     ids = engine.encode_prompt(prompt)
     sampling = SamplingConfig(temperature=0.0)
     specs = [MethodSpec("vanilla", "vanilla", TreeConfig(method="vanilla")), MethodSpec(args.tree, "dynamic", tree)]
@@ -59,8 +59,8 @@ def main() -> int:
     for r in range(args.rounds):
         load = os.getloadavg()[0]
         session = Session()
-        for _ in handlers.generate(ctx, session, race=True, prompt=prompt, method="dynamic", depth=depth, top_k=top_k,
-                                   total_tokens=total, max_new_tokens=args.max_new_tokens, temperature=0.0,
+        for _ in handlers.generate(ctx, session, race=True, prompt=prompt, method="dynamic", **shape.knobs(),
+                                   max_new_tokens=args.max_new_tokens, temperature=0.0,
                                    adapt=False):
             pass
         page.append(speedup(session.steps, session.race_vanilla.steps))

@@ -137,7 +137,7 @@ def format_profile(label: str, t: dict) -> str:
 
 def main(argv=None) -> int:
     from app.engine.factory import load_engine
-    from app.engine.config import TreeConfig
+    from app.engine.config import TreeConfig, TreeShape
 
     p = argparse.ArgumentParser(prog="python -m app.bench.profile_step", description=__doc__.split("\n")[0])
     p.add_argument("--base-model", default=None)
@@ -172,8 +172,7 @@ def main(argv=None) -> int:
         if spec == "vanilla":
             tree = TreeConfig(method="vanilla")
         else:
-            total, depth, top_k = (int(x) for x in spec.split("/"))
-            tree = TreeConfig(method="dynamic", total_tokens=total, depth=depth, top_k=top_k)
+            tree = TreeShape.parse(spec, "trees").config("dynamic")
         t = profile_tree(engine, tree, args.prompt, args.steps)
         print()
         print(format_profile(f"{tree.method} {spec}", t))

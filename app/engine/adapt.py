@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
-from app.engine.config import TreeConfig
+from app.engine.config import TreeConfig, TreeShape
 
 
 def chain(depth: int, base: TreeConfig = TreeConfig()) -> TreeConfig:
@@ -180,7 +180,7 @@ class TreeAdapter:
     @staticmethod
     def _key(t: TreeConfig) -> str:
         """"total/depth/top_k" of a tree (the papers' N/d/k), "vanilla" for no draft."""
-        return f"{t.total_tokens}/{t.depth}/{t.top_k}" if t.uses_draft else "vanilla"
+        return str(TreeShape.of(t)) if t.uses_draft else "vanilla"
 
     def summary(self) -> list[dict]:
         """Per candidate: its tree, runs, tau and ms estimates (for the page and the CLI)."""
@@ -207,6 +207,6 @@ def adapter_for(engine, base: TreeConfig = TreeConfig(), measure: bool = False, 
     prior = {}
     for c in choice.candidates:
         top_k = c.top_k or choice.calibration_top_k
-        prior.setdefault(f"{c.total_tokens}/{c.depth}/{top_k}", c.tau)
+        prior.setdefault(str(TreeShape(c.total_tokens, c.depth, top_k)), c.tau)
     start = next((t for t in candidates if _same(t, tree)), chain(2, base))
     return start, TreeAdapter(candidates, prior_tau=prior), choice

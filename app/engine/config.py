@@ -1,7 +1,12 @@
 """Settings for one generation: each defined once, here, and validated at the boundary.
 
-``SETTINGS`` is the one specification of a request's settings: name, type, range, default,
+``SPEC`` is the one specification of every knob of a request: name, type, range, default,
 which tree methods it shapes, and the page's cap where the page caps lower than the engine.
+It holds ``SETTINGS`` (what the page's request, and its API, take, in their order), the
+engine's knobs the page does not offer (``ENGINE_SETTINGS``: top_k_sampling and the drafters'
+ngram / window / pool) and the page's run flags (``PAGE_FLAGS``: race, step_mode). A knob's
+command-line flag comes from it too (``Setting.add_argument``), and ``TreeShape`` reads and
+writes a tree's size in the papers' "N/d/k" notation.
 The engine's config classes (``TreeConfig``, ``SamplingConfig``, ``check_max_new_tokens``,
 ``check_prompt``) check every value against it; the page derives its controls, its request
 parser, its trace schema and its API from it. Every bad value raises ``ValueError`` whose
@@ -17,14 +22,16 @@ from __future__ import annotations
 
 import math
 import reprlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-METHODS = ("vanilla", "dynamic", "static", "chain", "threshold", "pld", "lookahead", "medusa")
+from app.engine.drafters.registry import DRAFTER, DRAFTERS
+
 # Who proposes the nodes: the EAGLE head grows the tree for these four policies; the other
-# drafters (app/engine/drafters/) need no EAGLE head: prompt lookup and lookahead need no
-# trained weights at all, Medusa has its own heads.
+# drafters (app/engine/drafters/, one line each in its registry) need no EAGLE head: prompt
+# lookup and lookahead need no trained weights at all, Medusa has its own heads.
 HEAD_METHODS = ("dynamic", "static", "chain", "threshold")
-DRAFTER_METHODS = ("pld", "lookahead", "medusa")
+DRAFTER_METHODS = tuple(d.method for d in DRAFTERS)
+METHODS = ("vanilla",) + HEAD_METHODS + DRAFTER_METHODS
 TREE_METHODS = HEAD_METHODS + DRAFTER_METHODS   # the methods that draft a tree
 PAGE_METHODS = HEAD_METHODS + ("vanilla",)      # what the page offers (its own drafter views come later)
 MAX_POOL = 1024
@@ -81,6 +88,9 @@ def _num(x) -> str:
     return f"{x:g}" if isinstance(x, float) else str(x)
 
 
+_SPEC_DEFAULT = object()   # "the setting's own default" for ``Setting.add_argument``
+
+
 @dataclass(frozen=True)
 class Setting:
     """One setting of a generation request.
@@ -93,6 +103,7 @@ class Setting:
     methods:     the methods whose tree it shapes; elsewhere it is accepted and unused
     page_hi:     the page's (and its API's) cap, where the page caps lower than the engine
     owner:       the config class that holds it: "request" (the request itself) | "tree" | "sampling"
+                 | "page" (how the page runs a request: not part of the request)
     label, step: the page control's label and step
     """
 
@@ -156,9 +167,12 @@ class Setting:
                 self.refuse(value)
         return value
 
-    def check(self, value, hi=None):
+    def check(self, value, hi=None, lo=None):
         """``value`` if it is in range, else ValueError naming the setting and its range.
-        ``hi``: a lower cap set by whoever hosts the engine (max_new_tokens, prompt length)."""
+        ``hi``: a lower cap set by whoever hosts the engine (max_new_tokens, prompt length);
+        ``lo``: a higher floor set by a drafter (``DrafterInfo.lowest``)."""
+        if lo is not None and lo != self.lo:
+            return replace(self, lo=lo).check(value, hi)
         hi = self.hi if hi is None else hi
         if self.kind == "choice":
             if not isinstance(value, str) or value not in self.choices:
@@ -189,6 +203,25 @@ class Setting:
         except UnicodeEncodeError as exc:
             raise ValueError(f"{self.name} must be valid Unicode text: character {exc.start} is a lone "
                              "surrogate") from None
+
+    # --- the command line -----------------------------------------------------------------------
+
+    @property
+    def flag(self) -> str:
+        """Its command-line flag: ``--total-tokens`` for ``total_tokens``."""
+        return "--" + self.name.replace("_", "-")
+
+    def add_argument(self, parser, default=_SPEC_DEFAULT, help: str | None = None, **kw):
+        """Add this setting to an ``argparse`` parser as ``flag``, with its type and choices
+        and, unless told otherwise, its default. A bool is a switch (``store_true``)."""
+        default = self.default if default is _SPEC_DEFAULT else default
+        help = help if help is not None else (self.label or None)
+        if self.kind == "bool":
+            return parser.add_argument(self.flag, action="store_true", default=default, help=help, **kw)
+        if self.kind == "choice":
+            kw.setdefault("choices", list(self.choices))
+        kind = {"int": int, "float": float}.get(self.kind, str)
+        return parser.add_argument(self.flag, type=kind, default=default, help=help, **kw)
 
     def check_page_cap(self, value):
         """``value`` if it is within the page's cap (``page_hi``, ``page_choices``); the engine's
@@ -228,12 +261,38 @@ SETTINGS: tuple[Setting, ...] = (
             label="adapt the tree while decoding (the run picks each step's tree by measured speed)"),
 )
 SETTING: dict[str, Setting] = {s.name: s for s in SETTINGS}
-# The engine's one setting that the page does not offer.
-TOP_K_SAMPLING = Setting("top_k_sampling", "int", 0, 0, MAX_TOP_K_SAMPLING, owner="sampling")
+
+
+def _drafters_reading(knob: str) -> tuple[str, ...]:
+    return tuple(d.method for d in DRAFTERS if knob in d.knobs)
+
+
+# The engine's knobs that the page does not offer.
+TOP_K_SAMPLING = Setting("top_k_sampling", "int", 0, 0, MAX_TOP_K_SAMPLING, owner="sampling",
+                         label="top_k_sampling (0 = no top-k truncation of the target's distribution)")
+ENGINE_SETTINGS: tuple[Setting, ...] = (
+    TOP_K_SAMPLING,
+    Setting("ngram", "int", 3, 1, MAX_DEPTH, methods=_drafters_reading("ngram"), owner="tree",
+            label="pld: longest n-gram looked up; lookahead: size N of the n-grams collected"),
+    Setting("window", "int", 4, 1, MAX_DEPTH, methods=_drafters_reading("window"), owner="tree",
+            label="lookahead: Jacobi guesses W"),
+    Setting("pool", "int", 8, 1, MAX_POOL, methods=_drafters_reading("pool"), owner="tree",
+            label="lookahead: n-grams kept per first token"),
+)
+# How the page runs a request (its switches beside the settings; not part of the request).
+PAGE_FLAGS: tuple[Setting, ...] = (
+    Setting("step_mode", "bool", False, owner="page",
+            label="Step mode (classroom): pause after every step"),
+    Setting("race", "bool", True, owner="page",
+            label="race against plain decoding (vanilla runs alongside, for the speedup)"),
+)
+# Every knob, once.
+SPEC: tuple[Setting, ...] = SETTINGS + ENGINE_SETTINGS + PAGE_FLAGS
+KNOB: dict[str, Setting] = {s.name: s for s in SPEC}
 
 
 def _default(name: str):
-    return SETTING[name].default
+    return KNOB[name].default
 
 
 @dataclass(frozen=True)
@@ -268,25 +327,22 @@ class TreeConfig:
     tau_low: float = _default("tau_low")
     min_confidence: float = _default("min_confidence")
     static_shape: tuple[tuple[int, ...], ...] = DEFAULT_STATIC_SHAPE
-    ngram: int = 3
-    window: int = 4
-    pool: int = 8
+    ngram: int = _default("ngram")
+    window: int = _default("window")
+    pool: int = _default("pool")
 
     def __post_init__(self) -> None:
-        for s in SETTINGS:
+        KNOB["method"].check(self.method)
+        lowest = DRAFTER[self.method].lowest if self.method in DRAFTER else {}   # a drafter's own floors
+        for s in SPEC:
             if s.owner == "tree":
-                s.check(getattr(self, s.name))
+                s.check(getattr(self, s.name), lo=lowest.get(s.name))
         # Only where the pair is used: a knob that does not shape this method's tree is
         # accepted unused (the page disables its control, so it could not be corrected there).
         if self.method == "threshold" and self.tau_low > self.tau_high:
             raise ValueError(
                 f"tau_low must be <= tau_high (0 <= tau_low <= tau_high <= 1), "
                 f"got tau_low={self.tau_low:g}, tau_high={self.tau_high:g}")
-        for name, lo, hi in (("ngram", 2 if self.method == "lookahead" else 1, MAX_DEPTH), ("window", 1, MAX_DEPTH),
-                             ("pool", 1, MAX_POOL)):          # prompt lookup / lookahead knobs
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-                raise ValueError(f"{name} must be an integer in [{lo}, {hi}], got {shown(value)}")
         shape = tuple(tuple(p) for p in self.static_shape)
         object.__setattr__(self, "static_shape", shape)
         if not shape or len(shape) > MAX_TOTAL_TOKENS:
@@ -307,12 +363,13 @@ class TreeConfig:
             out.update(tau_high=self.tau_high, tau_low=self.tau_low)
         if self.min_confidence > 0:
             out["min_confidence"] = self.min_confidence
-        if self.method in ("pld", "lookahead"):
-            # their nodes' q is the share of candidates through the parent that continue with the
-            # node's token (app/engine/drafters.tree_from_sequences), not a model's probability
-            out.update(ngram=self.ngram, q="count")
-        if self.method == "lookahead":
-            out.update(window=self.window, pool=self.pool)
+        drafter = DRAFTER.get(self.method)
+        if drafter is not None:
+            out.update({knob: getattr(self, knob) for knob in drafter.knobs})
+            if drafter.count_q:
+                # its nodes' q is the share of candidates through the parent that continue with
+                # the node's token (drafters.sequences.tree_from_sequences), not a probability
+                out["q"] = "count"
         return out
 
     @property
@@ -329,8 +386,9 @@ class TreeConfig:
         """The most draft tokens one step can accept (a step writes them past the answer)."""
         if not self.uses_draft:
             return 0
-        if self.method == "lookahead":
-            return min(self.total_tokens, max(self.window, self.ngram - 1))
+        drafter = DRAFTER.get(self.method)
+        if drafter is not None and drafter.max_path is not None:
+            return drafter.max_path(self)
         return self.depth
 
     @property
@@ -366,7 +424,7 @@ class SamplingConfig:
     seed: int = _default("seed")
 
     def __post_init__(self) -> None:
-        for s in SETTINGS + (TOP_K_SAMPLING,):
+        for s in SPEC:
             if s.owner == "sampling":
                 s.check(getattr(self, s.name))
 
@@ -389,3 +447,41 @@ def check_max_new_tokens(value, cap: int = MAX_NEW_TOKENS) -> int:
 
 def check_prompt(prompt, max_chars: int = MAX_PROMPT_CHARS) -> str:
     return SETTING["prompt"].check(prompt, max_chars)
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """A tree's size in the papers' "N/d/k" notation: total_tokens / depth / top_k. The one
+    place that notation is read (``parse``) and written (``str``)."""
+
+    total_tokens: int
+    depth: int
+    top_k: int
+
+    @classmethod
+    def parse(cls, text, what: str = "tree") -> "TreeShape":
+        """"60/5/10" -> TreeShape(60, 5, 10); ValueError starting with ``what`` otherwise.
+        Only the form is checked here: the ranges are ``TreeConfig``'s (``config``)."""
+        parts = text.split("/") if isinstance(text, str) else []
+        if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
+            raise ValueError(f"{what} must be TOTAL_TOKENS/DEPTH/TOP_K, e.g. 60/5/10, got {shown(text)}")
+        total, depth, top_k = (int(p) for p in parts)
+        return cls(total, depth, top_k)
+
+    @classmethod
+    def of(cls, tree) -> "TreeShape":
+        """The shape of a ``TreeConfig``, or of a step record's ``tree_config`` dict."""
+        get = tree.get if isinstance(tree, dict) else lambda k: getattr(tree, k)
+        return cls(get("total_tokens"), get("depth"), get("top_k"))
+
+    def __str__(self) -> str:
+        return f"{self.total_tokens}/{self.depth}/{self.top_k}"
+
+    def knobs(self) -> dict:
+        return {"total_tokens": self.total_tokens, "depth": self.depth, "top_k": self.top_k}
+
+    def config(self, method: str = "dynamic", base: TreeConfig | None = None) -> TreeConfig:
+        """A ``TreeConfig`` of this shape (``base``'s other knobs, else the defaults)."""
+        if base is None:
+            return TreeConfig(method=method, **self.knobs())
+        return replace(base, method=method, **self.knobs())

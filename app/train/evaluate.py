@@ -10,7 +10,7 @@ import json
 import time
 from pathlib import Path
 
-from app.engine.config import SamplingConfig, TreeConfig
+from app.engine.config import SamplingConfig, TreeConfig, TreeShape
 from app.train.data import log
 from app.train.prompts import EVAL_DIR
 
@@ -81,11 +81,7 @@ def eval_tree(spec: str) -> TreeConfig:
     """``TOTAL/DEPTH/TOP_K`` -> the dynamic tree. Our depth counts drafted levels; the reference
     EAGLE-2 code takes the root's top-k as one level and then grows ``depth`` more, so its
     "depth 5" is our depth 6."""
-    parts = spec.split("/")
-    if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
-        raise ValueError(f"eval tree must be TOTAL_TOKENS/DEPTH/TOP_K, e.g. 60/5/10, got {spec!r}")
-    total, depth, top_k = (int(p) for p in parts)
-    return TreeConfig(method="dynamic", depth=depth, top_k=top_k, total_tokens=total)
+    return TreeShape.parse(spec, "eval tree").config("dynamic")
 
 
 def run_eval(args, head_dir: Path) -> dict:

@@ -15,6 +15,7 @@ from dataclasses import replace
 import os
 import sys
 
+from app.engine.config import KNOB
 from app.ui import handlers, traces
 from app.ui.explain import EXAMPLES
 from app.ui.session import Session
@@ -55,21 +56,20 @@ def record(ctx, prompt: str, dest: str, head_label: str | None = None, **setting
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--out", default="traces")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--method", default="dynamic")
+    KNOB["max_new_tokens"].add_argument(p, default=64, help="tokens per trace (64: a demo that loads fast)")
+    KNOB["method"].add_argument(p)
     # The shipped demos 1-4 use the tree that is fastest on this CPU (autotune's choice, passed
     # as flags: `--depth 2 --top-k 1 --total-tokens 2`), so the first thing a visitor sees is
     # what the live page does; 5-code-big-tree is the code prompt with these defaults (24/5/8),
     # to show what a full tree looks like and, in its "Why" line, why it loses time on a CPU.
-    p.add_argument("--depth", type=int, default=5)
-    p.add_argument("--top-k", type=int, default=8)
-    p.add_argument("--total-tokens", type=int, default=24)
+    for name in ("depth", "top_k", "total_tokens"):
+        KNOB[name].add_argument(p)
     p.add_argument("--head-label", default=None,
                    help="how the trace names the draft head (e.g. 'untrained placeholder'); default: its source")
     # 6-chat-sampled: `--only chat --temperature 0.8 --seed 1 --name 6-chat-sampled --depth 2 --top-k 1
     # --total-tokens 2`, to show sampled verification (a chain drafted from q, min(1, p/q)) in the step account
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=0)
+    KNOB["temperature"].add_argument(p)
+    KNOB["seed"].add_argument(p)
     p.add_argument("--only", default=None, help="record only this example category (chat, code, math, summary)")
     p.add_argument("--name", default=None, help="file name (without .json) for the one trace of --only")
     p.add_argument("--shipped", action="store_true",

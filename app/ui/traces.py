@@ -1,7 +1,7 @@
 """Runs saved as JSON, and traces from strangers loaded safely.
 
 A trace holds the settings, a note on the models, the EAGLE run's step records and summary
-(DESIGN.md section 3) and, when the race ran, the vanilla run's records:
+(``app.engine.events``) and, when the race ran, the vanilla run's records:
 
     {"format": "eagle-lens-trace", "version": 2,
      "settings": {...}, "model": {...},
@@ -29,9 +29,11 @@ from typing import Annotated, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
-from app.engine.config import MAX_DEPTH, MAX_POOL, MAX_TOTAL_TOKENS, METHODS, SETTINGS
+from app.engine.config import MAX_DEPTH, MAX_TOTAL_TOKENS, METHODS, SETTINGS, SPEC, SamplingConfig, TreeConfig, TreeShape
+from app.engine.drafters.registry import DEFAULT_HEAD_KIND, DRAFTER_LABELS
 from app.engine.events import STATUSES, DraftTreeRecord, RunSummary, StepEvent
-from app.engine.verify import RULES
+from app.engine.verify import GREEDY, RULES, rule_for
+from app.ui.limits import records_bytes
 
 FORMAT = "eagle-lens-trace"
 VERSION = 2
@@ -40,7 +42,7 @@ MAX_STEPS = 4096
 MAX_TOKEN_ID = 2**31 - 1
 MAX_TEXT = 20_000
 SETTING_KEYS = tuple(s.name for s in SETTINGS)   # a trace's settings: a request's (app.engine.config)
-DRAFTERS = ("eagle2", "eagle3", "medusa", "lookahead", "pld")
+DRAFTERS = tuple(DRAFTER_LABELS)   # what a step's ``drafter`` may name (app.engine.drafters.registry)
 MESSAGE_CHARS = 200            # a refusal's length at most: nothing of the file is echoed at length
 
 
@@ -122,11 +124,12 @@ class _Tree(_Strict):
         return self
 
 
+# A step's tree_config: every tree knob of the specification (the drafters' too), in the
+# engine's ranges (``SPEC``: the Setting checks, as pydantic bounds).
 _TreeConfig = create_model(
     "_TreeConfig", __base__=_Strict, method=(Methods, ...),
     **{s.name: (Optional[_integer(int(s.lo), int(s.hi)) if s.kind == "int" else _number(s.lo, s.hi)], None)
-       for s in SETTINGS if s.owner == "tree" and s.name != "method"},
-    **{k: (Optional[_integer(1, MAX_POOL)], None) for k in ("ngram", "window", "pool")},   # pld / lookahead knobs
+       for s in SPEC if s.owner == "tree" and s.name != "method"},
     q=(Optional[Literal["count"]], None))          # what the nodes' q means when not the drafter's probability
 TREE_CONFIG_KEYS = set(_TreeConfig.model_fields)   # TreeConfig's settings + drafter knobs
 
@@ -222,16 +225,13 @@ def _check(model, where: str, data):
 def _v1_fields(d: _StepV1, settings) -> dict:
     """rule / drafter / tree_config of a version 1 step, from the trace's settings (the
     engine's own rule, ``verify.rule_for``)."""
-    from app.engine.config import SamplingConfig, TreeConfig
-    from app.engine.verify import GREEDY, rule_for
-
     try:
         sampling = SamplingConfig(temperature=float(settings.get("temperature", 0.0)))
-        tree = TreeConfig(**{k: settings[k] for k in ("method", "depth", "top_k", "total_tokens") if k in settings})
+        tree = TreeConfig(**{k: settings[k] for k in ("method", *TreeShape.__dataclass_fields__) if k in settings})
     except (TypeError, ValueError, OverflowError):
         return {"rule": GREEDY, "drafter": None, "tree_config": None, "prefill": False}
     uses_tree = d.tree is not None
-    return {"rule": rule_for(tree if uses_tree else None, sampling), "drafter": "eagle2" if uses_tree else None,
+    return {"rule": rule_for(tree if uses_tree else None, sampling), "drafter": DEFAULT_HEAD_KIND if uses_tree else None,
             "tree_config": tree.shape() if uses_tree else None, "prefill": False}
 
 
@@ -306,6 +306,4 @@ def _load_shipped(path: str, mtime_ns: int, size: int, max_bytes: int) -> Trace:
 
 def trace_bytes(trace: Trace) -> int:
     """The memory a session showing ``trace`` holds in its records (``limits.session_bytes``)."""
-    from app.ui.limits import records_bytes
-
     return records_bytes(trace.steps) + (records_bytes(trace.vanilla_steps) if trace.vanilla_steps else 0)
