@@ -171,7 +171,7 @@ def run_hf(target, spec: MethodSpec, suite: str, qid, prompt_ids: list[int], sam
     static = getattr(target, "static_cache", None)          # hf-compile's peer (``compiled_peer``)
     if static is not None:
         static.reset()
-        kwargs["past_key_values"] = static
+        kwargs["cache"] = static
     eos = sorted(target.eos_ids)
     model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, streamer=clock,
                    eos_token_id=eos or None, pad_token_id=target.tokenizer.pad_token_id if

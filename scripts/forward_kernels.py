@@ -1,0 +1,167 @@
+"""T(n) of the target's forward (decoder stack + LM head over n query rows on a cached
+prefix) for each way the engine can run it, interleaved, beside the memory-bandwidth bound.
+
+    python scripts/forward_kernels.py --dtype float32 --out benchmarks/fast-forward/native-float32.md
+    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \\
+        python scripts/forward_kernels.py --dtype float32 --out benchmarks/fast-forward/avx2-float32.md
+
+Forwards compared (all on the embedded SmolLM2-135M-Instruct, one torch thread unless
+--threads): ``transformers`` (its eager forward), ``fused`` (the engine's eager forward,
+app/engine/fused.py), ``onednn`` (fused, with every linear a oneDNN-packed weight),
+``rowwise`` (the fast forward, app/engine/rowwise.py). Sizes are timed round-robin so that a
+burst of load hits every forward alike; each cell is the median of --repeats. The bound is
+the bytes every forward must read (all weights but the embedding table, plus the tied LM
+head once) divided by the bandwidth a 256 MiB copy reaches (read + write bytes, STREAM's
+convention). Inductor (``torch.compile`` max-autotune with frozen weights) is measured by
+../shared/perf-style scripts separately: it compiles ~100 s per shape here.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from app.engine import fused, kernels, kv          # noqa: E402
+from app.engine.loading import load_target          # noqa: E402
+
+
+def copy_bandwidth(threads: int) -> float:
+    """GB/s of a 256 MiB copy (bytes read + written), median of 7."""
+    torch.set_num_threads(threads)
+    a = torch.ones(64 * 2 ** 20)
+    b = torch.empty_like(a)
+    times = []
+    for _ in range(7):
+        t0 = time.perf_counter()
+        b.copy_(a)
+        times.append(time.perf_counter() - t0)
+    return 2 * a.numel() * 4 / statistics.median(times) / 1e9
+
+
+class OneDNNDecoder(fused.FusedLlamaDecoder):
+    """The eager fused forward with oneDNN-packed linears (weights reordered once)."""
+
+    name = "onednn"
+
+    def __init__(self, model):
+        super().__init__(model)
+        for w in self.layers:
+            for key in ("qkv", "o", "gate_up", "down"):
+                w[key] = w[key].detach().to_mkldnn()
+        self.lm = model.get_output_embeddings().weight.detach().to_mkldnn()
+
+    @staticmethod
+    def _linear(x, w):
+        shape = x.shape
+        y = torch._C._nn.mkldnn_linear(x.reshape(-1, shape[-1]).contiguous().to_mkldnn(), w, None).to_dense()
+        return y.reshape(*shape[:-1], -1)
+
+    def __call__(self, ids, positions, mask, cache, layers=()):
+        original = F.linear
+        F.linear = lambda x, w, b=None: self._linear(x, w)   # only inside this forward
+        try:
+            return super().__call__(ids, positions, mask, cache, layers)
+        finally:
+            F.linear = original
+
+    def logits(self, hidden):
+        return self._linear(hidden, self.lm)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--sizes", default="1,2,4,8,16,32")
+    p.add_argument("--prefix", type=int, default=256)
+    p.add_argument("--repeats", type=int, default=9)
+    p.add_argument("--forwards", default="transformers,fused,onednn,rowwise")
+    p.add_argument("--out", default=None, help="also write the markdown table here")
+    args = p.parse_args()
+    sizes = [int(n) for n in args.sizes.split(",")]
+    torch.set_num_threads(args.threads)
+    models = {}
+    for name in args.forwards.split(","):
+        target = load_target(None, device="cpu", dtype=args.dtype, forward="auto" if name == "rowwise" else "eager")
+        model = target.model
+        if name == "transformers":
+            dec = fused.DecoderForward(model)
+        elif name == "fused":
+            dec = fused.FusedLlamaDecoder(model)
+        elif name == "onednn":
+            dec = OneDNNDecoder(model)
+        else:
+            dec = fused.decoder_forward(target)
+            assert dec.name.startswith("rowwise"), dec.fallback_reason
+        models[name] = (model, dec)
+    g = torch.Generator().manual_seed(0)
+    vocab = next(iter(models.values()))[0].config.vocab_size
+    prefix = torch.randint(0, vocab, (1, args.prefix), generator=g)
+    caches = {}
+    with torch.inference_mode():
+        for name, (model, dec) in models.items():
+            caches[name] = kv.preallocated_cache(model, args.prefix + max(sizes))
+            dec.prefill(prefix, caches[name])
+        inputs = {}
+        for n in sizes:
+            ids = torch.randint(0, vocab, (1, n), generator=g)
+            pos = torch.arange(args.prefix, args.prefix + n)[None]
+            mask = torch.ones(n, args.prefix + n, dtype=torch.bool).tril(args.prefix)[None, None] if n > 1 else None
+            inputs[n] = (ids, pos, mask)
+        times = {(name, n): [] for name in models for n in sizes}
+        load0 = os.getloadavg()[0]
+        for r in range(args.repeats + 1):
+            for n in sizes:
+                for name, (model, dec) in models.items():
+                    ids, pos, mask = inputs[n]
+                    t0 = time.perf_counter()
+                    hidden = dec(ids, pos, mask, caches[name])
+                    dec.logits(hidden[0])
+                    if r:
+                        times[(name, n)].append((time.perf_counter() - t0) * 1e3)
+                    kv.crop(caches[name], args.prefix)
+        load1 = os.getloadavg()[0]
+    model = next(iter(models.values()))[0]
+    body = getattr(model, model.base_model_prefix)
+    weights = sum(p.numel() * p.element_size() for n_, p in body.named_parameters() if "embed" not in n_)
+    lm = model.get_output_embeddings().weight
+    read = weights + lm.numel() * lm.element_size()
+    bw = copy_bandwidth(args.threads)
+    bound = read / bw / 1e6
+    flags = kernels.cpu_flags()
+    isa = [f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+    lines = [f"# T(n) of the target forward, {args.dtype}, {args.threads} thread(s)", "",
+             f"`{' '.join(['python'] + sys.argv)}`", "",
+             f"- CPU: {platform.processor() or platform.machine()}, flags {' '.join(isa)}; "
+             f"ATEN_CPU_CAPABILITY={os.environ.get('ATEN_CPU_CAPABILITY', '(unset)')}; fast kernels built for "
+             f"{kernels.load().kind if kernels.load() else 'none'}",
+             f"- load average {load0:.2f} at start, {load1:.2f} at end; {args.prefix} cached positions; median of "
+             f"{args.repeats}, sizes and forwards interleaved",
+             f"- bytes a forward must read: {read / 1e6:.0f} MB; copy bandwidth {bw:.1f} GB/s; bound {bound:.1f} ms "
+             f"(target: T(1) within 1.3x of it, {1.3 * bound:.1f} ms)", "",
+             "| forward | " + " | ".join(f"T({n}) ms" for n in sizes) + " | " + " | ".join(
+                 f"T({n})/T(1)" for n in sizes[1:]) + " |",
+             "|" + "---|" * (1 + 2 * len(sizes) - 1)]
+    for name in models:
+        med = [statistics.median(times[(name, n)]) for n in sizes]
+        lines.append(f"| {name} | " + " | ".join(f"{m:.1f}" for m in med) + " | "
+                     + " | ".join(f"{m / med[0]:.2f}" for m in med[1:]) + " |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
