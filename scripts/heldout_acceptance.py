@@ -30,7 +30,7 @@ def main() -> int:
 
     import torch
 
-    from app.engine.draft_head import load_head
+    from app.engine.heads import load_head
     from app.engine.loading import load_draft_vocab, load_target
 
     torch.set_num_threads(args.threads)

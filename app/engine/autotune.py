@@ -28,7 +28,7 @@ the argmax. Its three ingredients are all measured, none assumed:
   *ratio* T(n) / T(1) of forwards taken moments apart, where load cancels; the curve is the
   median T(1) times the median ratio, and the ratios' spread is kept as the curve's noise.
   Measured once per (model, device, dtype, threads) and kept as JSON under
-  ``loading.cache_dir() / "autotune"`` (re-measured only on request: ``python -m app tune``);
+  ``device.cache_dir() / "autotune"`` (re-measured only on request: ``python -m app tune``);
   T(n) between measured sizes is interpolated linearly.
 * tau(d, N): ``calibrate`` decodes a few built-in prompts (not the evaluation sets) with one
   *large* dynamic tree and records, per step, which nodes the target accepted. For greedy
@@ -70,6 +70,7 @@ from pathlib import Path
 import torch
 
 from app.engine.config import MAX_DEPTH, SamplingConfig, TreeConfig
+from app.engine.device import cache_dir
 
 # Query sizes (tokens per target forward) at which T(n) is measured. 1 is vanilla decoding.
 # Dense below 8: on a CPU the best trees have 1-4 nodes and T(n) there is not linear (fp32,
@@ -161,8 +162,6 @@ def cost_cache_key(target) -> dict:
 
 
 def cost_cache_path(key: dict) -> Path:
-    from app.engine.loading import cache_dir
-
     digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in key["model"])
     return cache_dir() / "autotune" / f"cost-{safe}-{key['device']}-{key['dtype']}-{digest}.json"
@@ -447,8 +446,6 @@ def calibrate(engine, prompts=CALIBRATION_SETTINGS["prompts"], depth: int = CALI
 
 
 def calibration_cache_path(key: dict) -> Path:
-    from app.engine.loading import cache_dir
-
     digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     return cache_dir() / "autotune" / f"calib-{key['head']}-{digest}.json"
 

@@ -17,7 +17,7 @@ Checkpoint layout (that of the official EAGLE heads, so they load unchanged):
     config.json         a LlamaConfig with num_hidden_layers = 1 and a ``bias`` flag for fc
     model.safetensors   or pytorch_model.bin, with exactly the keys of ``expected_keys``
 
-``load_head`` reads a checkpoint of either kind: this one, or an EAGLE-3 head
+``app.engine.heads.load_head`` reads a checkpoint of either kind: this one, or an EAGLE-3 head
 (app/engine/eagle3_head.py), told apart by its keys (``midlayer.*``, ``d2t``/``t2d``) or its
 architecture name.
 """
@@ -133,21 +133,14 @@ class DraftHead(nn.Module):
         return head
 
 
-def load_head(folder: str | Path, target_num_layers: int, dtype: torch.dtype = torch.float32,
-              device: str | torch.device = "cpu"):
-    """A draft head of either kind, told apart by its checkpoint: an EAGLE-3 head
-    (``eagle3_head.Eagle3Head``) or an EAGLE-1/2 head (``DraftHead``), loaded strictly.
-    ``target_num_layers``: the target's layer count (an EAGLE-3 head reads three of them)."""
-    folder = Path(folder)
-    raw = read_config(folder)
-    state = read_state_dict(folder)
-    if is_eagle3(raw, state):
-        from app.engine.eagle3_head import Eagle3Head
+def __getattr__(name: str):
+    # ``load_head`` moved to app.engine.heads (it tells this head from EAGLE-3's, whose module
+    # imports this one); still importable from here for existing callers.
+    if name == "load_head":
+        from app.engine.heads import load_head
 
-        head = Eagle3Head.from_checkpoint(folder, raw, state, target_num_layers)
-    else:
-        head = DraftHead.from_checkpoint(folder, raw, state)
-    return head.to(device=device, dtype=dtype).eval()
+        return load_head
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # --- shared by both kinds of head ----------------------------------------------------------

@@ -37,7 +37,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import (LlamaAttention, LlamaMLP, LlamaRMSNorm,
                                                       LlamaRotaryEmbedding)
 
-from app.engine.draft_head import DraftHead
+from app.engine.draft_head import DraftHead, check_keys, config_for_disk, config_from_disk, head_config_for
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 
@@ -64,8 +64,6 @@ def target_layers_from(config: dict, num_layers: int) -> tuple[int, ...]:
 
 def eagle3_config_for(target_config, draft_vocab_size: int) -> LlamaConfig:
     """A one-layer head config shaped like a decoder layer of the target."""
-    from app.engine.draft_head import head_config_for
-
     config = head_config_for(target_config, bias=False)
     del config.bias
     config.draft_vocab_size = int(draft_vocab_size)
@@ -157,8 +155,6 @@ class Eagle3Head(nn.Module):
     def save(self, folder: str | Path) -> None:
         from safetensors.torch import save_file
 
-        from app.engine.draft_head import config_for_disk
-
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         config = config_for_disk(self.config)
@@ -175,8 +171,6 @@ class Eagle3Head(nn.Module):
                         target_num_layers: int) -> "Eagle3Head":
         """Strict: every key of ``state`` is one of the head's and every one of the head's is
         there, with its shape; d2t and t2d must describe the same Vd distinct target tokens."""
-        from app.engine.draft_head import check_keys, config_from_disk
-
         if "draft_vocab_size" not in raw:
             raise ValueError(f"EAGLE-3 head {folder}: config.json has no draft_vocab_size")
         if raw.get("num_hidden_layers", 1) != 1:

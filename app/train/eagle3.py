@@ -188,7 +188,7 @@ def new_head(target, vocab_ids: torch.Tensor, layers: tuple[int, ...]):
 def run_training(args, work: Path, out: Path) -> dict:
     """Stage *train* with ``--arch eagle3``: train on every finished shard (they must carry the
     target-layer features), save the head to ``out`` in the official EAGLE-3 layout."""
-    from app.engine.draft_head import load_head
+    from app.engine.heads import load_head
     from app.engine.loading import load_target
     from app.train.trainer import TrainConfig, loss_vocabulary, train, training_shards
 

@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from app.engine.heads import load_draft_vocab
 from app.engine.tree import DraftTree, grow_tree, proposals_needed
 
 WEIGHTS_FILE = "medusa_lm_head.safetensors"
@@ -135,8 +136,6 @@ class MedusaHeads(nn.ModuleList):
             raise FileNotFoundError(f"Medusa heads folder {folder} has neither {WEIGHTS_FILE} nor {LEGACY_WEIGHTS_FILE}")
         vocab_ids = None
         if (folder / "draft_vocab.json").is_file():
-            from app.engine.loading import load_draft_vocab
-
             vocab_ids = load_draft_vocab(folder, target_vocab or 2**31 - 1)
             if len(vocab_ids) != raw["vocab_size"]:
                 raise ValueError(f"{folder}: draft_vocab.json has {len(vocab_ids)} tokens, vocab_size is {raw['vocab_size']}")
