@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 import torch
+from filelock import FileLock, Timeout
 
 STAGES = ("prompts", "data", "train", "eval", "all")
 
@@ -240,29 +241,31 @@ def run_data(args, work: Path) -> None:
     log(f"data: stopped after {(time.perf_counter() - start) / 60:.1f} min, {new_tokens} new response tokens")
 
 
-def claim(path: Path) -> bool:
-    """Claim a shard for this process (a lock file holding our pid), so that several data
-    workers can share the work. A lock whose process is gone is stale and taken over."""
-    import os
+_CLAIMS: dict[Path, FileLock] = {}   # the shards this process holds, by path
 
-    lock = path.with_name(path.name + ".lock")
-    lock.parent.mkdir(parents=True, exist_ok=True)
+
+def claim(path: Path) -> bool:
+    """Claim a shard for this process, so that several data workers can share the work: an OS
+    lock on ``<shard>.lock`` (``filelock``), which the OS frees if the process dies, so a
+    crashed worker leaves no stale claim. False when another worker holds it, or has just
+    finished the shard."""
+    if path in _CLAIMS:
+        return True
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(path.with_name(path.name + ".lock")))
     try:
-        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
-        try:
-            pid = int(lock.read_text() or 0)
-            os.kill(pid, 0)           # raises if that process no longer exists
-            return pid == os.getpid()
-        except PermissionError:       # alive, owned by another user
-            return False
-        except (ValueError, ProcessLookupError, FileNotFoundError):
-            lock.unlink(missing_ok=True)
-            return claim(path)
-    with os.fdopen(fd, "w") as f:
-        f.write(str(os.getpid()))
+        lock.acquire(timeout=0)
+    except Timeout:
+        return False
+    if path.is_file():               # finished by another worker between our check and the lock
+        lock.release()
+        return False
+    _CLAIMS[path] = lock
     return True
 
 
 def release(path: Path) -> None:
+    lock = _CLAIMS.pop(path, None)
+    if lock is not None:
+        lock.release()
     path.with_name(path.name + ".lock").unlink(missing_ok=True)
