@@ -192,7 +192,7 @@ def test_the_api_signature_is_the_specification_in_the_published_order():
 
 
 def test_controls_follow_the_specification_and_the_method(ctx):
-    from app.ui.blocks import applicability, build_demo
+    from app.ui.blocks import SAMPLING_ONLY, applicability, build_demo, sampling_applicability
 
     blocks = {getattr(c, "elem_id", None): c for c in build_demo(ctx, demos={}).blocks.values()}
     for s in SETTINGS:
@@ -200,9 +200,17 @@ def test_controls_follow_the_specification_and_the_method(ctx):
         if s.kind in ("int", "float") and s.name != "seed":
             cap = ctx.config.max_new_tokens if s.name == "max_new_tokens" else s.page_hi or s.hi
             assert (control.minimum, control.maximum, control.step) == (s.lo, cap, s.step), s.name
+            if s.name in SAMPLING_ONLY:     # greedy at the default temperature 0: disabled, with the note
+                assert control.interactive is False and "temperature 0" in control.info, s.name
+                continue
             assert control.interactive == s.applies_to("dynamic") and bool(control.info) != s.applies_to("dynamic")
     assert blocks["method"].choices == [(m, m) for m in SETTING["method"].page_choices]
     assert set(SETTING["method"].page_choices) < set(SETTING["method"].choices)   # the engine has more drafters
+    assert blocks["seed"].interactive is False and "temperature 0" in blocks["seed"].info
+    sampled = dict(zip(SAMPLING_ONLY, sampling_applicability(0.7)))
+    assert all(u["interactive"] is True and u["info"] == "" for u in sampled.values())
+    greedy = dict(zip(SAMPLING_ONLY, sampling_applicability(0.0)))
+    assert all(u["interactive"] is False and "greedy" in u["info"] for u in greedy.values())
     updates = dict(zip(TREE_KNOBS, applicability("chain")))
     assert updates["top_k"]["interactive"] is False and updates["top_k"]["info"] == "top_k applies to the dynamic method only"
     assert updates["depth"]["interactive"] is True and updates["depth"]["info"] == ""
@@ -311,3 +319,17 @@ def test_a_huge_replay_index_shows_the_last_step(finished_session):
     last = len(finished_session.steps) - 1
     assert f"Step {last}" in handlers.replay_view(finished_session, 10**30)["phases"]
     assert "Prefill" in handlers.replay_view(finished_session, -10**400)["phases"]
+
+
+@pytest.mark.parametrize("name, value", [("total_tokens", 0), ("total_tokens", 500), ("total_tokens", 12.5),
+                                         ("depth", 40), ("temperature", 5.0), ("tau_high", 1.5)])
+def test_a_value_outside_a_controls_range_is_refused_naming_that_range(name, value):
+    """Refusal, not clamping, the same for the page and the API: the message names the range
+    the control offers (the field's maximum: 128 nodes, not the engine's 256)."""
+    from app.engine.config import SETTING
+    from app.ui.requests import build_request
+    from app.ui.settings import ServerConfig
+
+    s = SETTING[name]
+    with pytest.raises(ValueError, match=rf"^{name} must be .*{s.page_hi if s.page_hi is not None else s.hi:g}\]"):
+        build_request(ServerConfig().limits, prompt="hi", **{name: value})

@@ -47,7 +47,8 @@ def header_markdown(model: dict | None, tree: dict | None, sized_here: bool, hea
 TOUR_STEPS = (
     ("#tree-plot", "", "1 · Draft",
      "Each step, the small draft head guesses a tree of next tokens. Every dot is one guess, coloured by "
-     "the head's confidence (dark = unsure, yellow = sure). Hover a dot to see its numbers."),
+     "how sure the head was of it (its q: dark = a long shot, yellow = sure); its shape says what the target "
+     "did with it. Hover a dot to see its numbers."),
     ("#mask-plot", "Attention mask", "2 · Verify in one forward",
      "The target checks every guess in ONE pass. This mask is why that works: each row (a guess) may only "
      "look at the text so far and its own ancestors, never at a sibling, so every branch is read as if it "
@@ -75,8 +76,9 @@ Speculative decoding lets a small *draft* make guesses that the target checks al
    target's own hidden *features* and predicts the next feature, then the next token through
    the target's LM head. It grows a **tree** of guesses, level by level. EAGLE-2 makes the
    tree *dynamic*: each node's **confidence** is the product of the draft probabilities `q`
-   along its path, and only the most confident nodes are expanded and kept. (Colour of each
-   node in the tree plot.)
+   along its path, and only the most confident nodes are expanded and kept. (The tree plot
+   colours each node by its own `q`, how sure the head was at that branch, on a log scale;
+   its hover gives the path's confidence.)
 2. **Verify.** The target runs **one forward pass over the whole tree**, using an attention
    mask so that every node sees only the prompt and its own ancestors. This gives the
    target's probability `p` for every node at the cost of about one ordinary step.

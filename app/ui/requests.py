@@ -114,7 +114,10 @@ def build_request(limits, **raw) -> Request:
     prompt = check_prompt(v["prompt"], limits.max_prompt_chars)
     for s in SETTINGS:   # a value beyond the page's cap is refused naming the page's range, as its control shows it
         if s.page_hi is not None and s.kind in ("int", "float"):
-            s.check(v[s.name], hi=s.page_hi)
+            try:
+                s.check(v[s.name], hi=s.page_hi)
+            except ValueError:
+                s.refuse(v[s.name], s.page_hi, " on this page")
     tree = TreeConfig(**{s.name: v[s.name] for s in SETTINGS if s.owner == "tree"})
     sampling = SamplingConfig(**{s.name: v[s.name] for s in SETTINGS if s.owner == "sampling"})
     n = check_max_new_tokens(v["max_new_tokens"], limits.max_new_tokens)
