@@ -459,7 +459,7 @@ class Engine:
         # small tree is the exception: for a few rows the matmul is bound by reading the
         # (V, H) weight, so a second call for the leaf would read all V·H weights again (fp32
         # SmolLM2: 113 MB, ~5 ms) where one batch over every row costs about one call.
-        if len(tree) + 1 <= LM_HEAD_ALL_ROWS_UP_TO:
+        if len(tree) + 1 <= getattr(self.decoder, "lm_head_all_rows_up_to", LM_HEAD_ALL_ROWS_UP_TO):
             lm_rows = list(range(len(tree) + 1))
         else:
             lm_rows = sorted({0} | {par + 1 for par in tree.parents})

@@ -43,6 +43,10 @@ class RowwiseLlamaDecoder(FusedLlamaDecoder):
 
     # part of the autotune cost-cache key: cached cost curves of another forward are not reused
     name = "rowwise-v1"
+    # verify runs the LM head over every row of trees up to this size in one call: a call reads
+    # the (V, H) weight once for up to a register block of rows, so computing the leaves too
+    # costs less than a second call for the accepted leaf's bonus token
+    lm_head_all_rows_up_to = 12
 
     @torch.no_grad()
     def __init__(self, model: nn.Module):
