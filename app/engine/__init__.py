@@ -1,10 +1,33 @@
 """The EAGLE-2 engine. Imports neither gradio nor plotly: its only output is step records.
 
-Public surface:
-    TreeConfig, SamplingConfig        validated settings (config.py)
-    StepEvent, DraftTreeRecord, RunSummary   the records of DESIGN.md section 3 (events.py)
-    Engine                            the decoding loop (engine.py)
-    load_target, load_draft_head      model loading (loading.py)
+This package exports only what loads without torch (the settings and the step records), so
+the page's plots can import it cheaply; import the engine itself from its module
+(``from app.engine.factory import load_engine``, ``from app.engine.engine import Engine``).
+
+Exported here:
+    METHODS, TreeConfig, SamplingConfig, GenerationLimits   validated settings (config.py)
+    StepEvent, DraftTreeRecord, RunSummary                  the step records (events.py)
+
+Modules:
+    config.py       every knob of a request, once (``SPEC``), and the config classes that check them
+    events.py       the step records: the only thing that crosses from the engine to its consumers
+    engine.py       ``Engine``: the decoding loop (prefill, draft, verify, accept, commit)
+    factory.py      ``load_engine``: target + draft head + draft vocabulary + Medusa heads
+    loading.py      loading the target model (embedded or from the hub) and the heads' folders
+    device.py       ``cache_dir`` and ``choose_device``
+    heads.py        ``load_head`` (either EAGLE kind) and a head's draft vocabulary
+    draft_head.py   the EAGLE-1/2 head and the checkpoint I/O both EAGLE kinds share
+    eagle3_head.py  the EAGLE-3 head
+    drafters/       the drafters that are not an EAGLE head (registry, prompt lookup, lookahead, Medusa)
+    tree.py         draft-tree policies as pure functions: draft scores in, tree out
+    verify.py       which drafted tokens the target accepts (greedy and exact sampled rules)
+    kv.py           the only code that touches KV-cache internals
+    fused.py        the target's decoder stack for decode and verify steps (eager, fused projections)
+    rowwise.py, kernels/   the fast batch-invariant CPU forward and its C kernels
+    precision.py    float32 or bfloat16: the faster, chosen by measuring
+    threads.py      how many CPU threads a forward should use now
+    autotune.py     the tree size this machine verifies fastest per token (T(n), tau(d, N), the choice)
+    adapt.py        moving between candidate trees while decoding, by measured tokens/s
 """
 from app.engine.config import METHODS, SamplingConfig, TreeConfig, GenerationLimits
 from app.engine.events import DraftTreeRecord, RunSummary, StepEvent

@@ -5,7 +5,7 @@ Why a tree size must follow the hardware
 A speculative step costs one draft phase plus ONE target forward over the root and the N
 tree nodes. On a GPU a forward over 60 tokens costs about what a forward over one token costs
 (decoding is memory-bound), so EAGLE-2's 60-node trees are nearly free. On a small CPU the
-forward is compute-bound: here (SmolLM2-135M, fp32, 2 cores) 1 token ~60 ms, 64 tokens ~195 ms.
+forward is compute-bound: 64 tokens cost several forwards of one (benchmarks/engine-notes.md).
 Every extra node must then earn its cost in accepted tokens.
 
 The model
@@ -73,9 +73,9 @@ from app.engine.config import MAX_DEPTH, SamplingConfig, TreeConfig
 from app.engine.device import cache_dir
 
 # Query sizes (tokens per target forward) at which T(n) is measured. 1 is vanilla decoding.
-# Dense below 8: on a CPU the best trees have 1-4 nodes and T(n) there is not linear (fp32,
-# 2 cores: n = 1, 2, 3, 4, 6, 8 -> 46, 53, 53, 70, 77, 89 ms), so interpolating between 1 and
-# 8 would misprice exactly the trees that compete.
+# Dense below 8: on a CPU the best trees have 1-4 nodes and T(n) there is not linear (it
+# steps; benchmarks/engine-notes.md), so interpolating between 1 and 8 would misprice exactly
+# the trees that compete.
 DEFAULT_SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)
 # Length of the cached prefix the forwards attend to: a short prompt plus some answer.
 DEFAULT_PREFIX = 256
@@ -88,8 +88,8 @@ DEFAULT_DEPTHS = (1, 2, 3, 4, 5, 6, 7)
 # (the mt_bench categories: STEM, coding, writing, role-play, reasoning, math, extraction,
 # humanities, plus everyday advice). Acceptance differs a lot between kinds — lists and
 # arithmetic are easy to draft, free prose is hard — so a calibration on one or two kinds
-# (it used two, 27 steps) measures one kind's acceptance, not the page's. On this CPU the
-# nine (91 steps) give tau for every candidate from about a hundred steps of nine kinds of text.
+# measures one kind's acceptance, not the page's; nine give tau for every candidate from
+# about a hundred steps of nine kinds of text.
 CALIBRATION_PROMPTS = (
     "Explain how a bicycle stays upright while it is moving.",
     "Write a short Python function that returns the n-th Fibonacci number, with a docstring.",

@@ -402,10 +402,9 @@ class TreeConfig:
         as q's top-k and verified as fixed candidates (``verify.sequential_verify``).
 
         Only a chain can be, and under sampling a chain should be: a sampled draft is accepted
-        with probability sum_x min(p(x), q(x)), a fixed top-1 draft with p(argmax q) only.
-        With the shipped head at temperature 1.0 (mt_bench, two prompts), depth-1 acceptance is 0.46
-        sampled against 0.19 fixed. Both rules are lossless; greedy decoding drafts q's
-        argmax either way."""
+        with probability sum_x min(p(x), q(x)), a fixed top-1 draft with p(argmax q) only
+        (the measured difference: benchmarks/engine-notes.md). Both rules are lossless;
+        greedy decoding drafts q's argmax either way."""
         return self.one_wide and not sampling.greedy
 
 

@@ -1,6 +1,6 @@
 """Step records: the only thing that crosses from the engine to its consumers.
 
-Field names are exactly those of DESIGN.md section 3; ``to_dict`` gives the JSON-lines form.
+Field names are the JSON-lines contract (the CLI's --jsonl, traces, the page); ``to_dict`` gives that form.
 Every decoder yields one ``StepEvent`` per *target forward*, then one ``RunSummary``.
 """
 from __future__ import annotations

@@ -60,9 +60,8 @@ class PreallocatedLayer(DynamicLayer):
     ``[:, :, :length]`` of the buffers.
 
     transformers' ``DynamicLayer`` concatenates every new key/value onto the old tensors, which
-    copies the whole cache each step: for a batch of 64 answers with 300 cached positions that
-    ``torch.cat`` was 31% of a bf16 decode step on this CPU (torch.profiler), and for one
-    answer it is ~3 ms of a ~45 ms fp32 forward at 300 positions, growing with the context.
+    copies the whole cache each step, a cost that grows with the context (a large share of a
+    batched training-data step; benchmarks/engine-notes.md).
     A full buffer doubles (amortised O(1) per token); ``truncate`` and ``gather_tail`` let
     the engine drop rejected tree nodes without reallocating.
     """

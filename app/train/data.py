@@ -9,9 +9,9 @@ our own seeded ``torch.Generator``. Shards alternate between greedy decoding and
 temperature 0.7 and 1.0, so the head sees both the target's argmax paths (greedy serving)
 and its broader distribution (sampled serving).
 
-The target runs in bfloat16 here: on this CPU (AMX) a bf16 decode step is ~1.8x faster than
-float32, and the rounding (~0.4 %) is far below the noise the training adds to the input
-features. Features are stored as float16 (half the bytes) with the token ids.
+The target runs in bfloat16 where the CPU has native bfloat16 (faster than float32;
+benchmarks/engine-notes.md), and its rounding is far below the noise the training adds to
+the input features. Features are stored as float16 (half the bytes) with the token ids.
 
 Every shard is written to a temporary name and renamed when complete, so an interrupted
 run leaves only whole shards behind and the next run continues with the missing ones.
