@@ -9,22 +9,25 @@
  * run and plain decoding of the same model part after a near-tie (the tree's rows round
  * differently from the single token's), which is what "lossless" forbids.
  *
- * Both kernels here compute every output element with one fixed sequence of operations
- * that depends on the problem (K, head_dim, the key length) and never on the number of
+ * Every kernel here computes each output element with one fixed sequence of operations
+ * that depends on the problem (K, head_dim, the row's own keys) and never on the number of
  * rows, on which row it is, or on the number of threads:
  *
- *   linear     y[m][n] = one FMA chain over k = 0 .. K-1 in order (see below). Rows are
+ *   linear     y[m][n] = one multiply-add chain over k in order (see below). Rows are
  *              processed in register blocks of up to MB (the weights are read once per
  *              block and its rows reuse them from registers); the arithmetic per element
  *              is the same in every block shape.
  *   attention  for each (row, head): scores in key order, max, exp, sum in key order,
- *              output accumulated in key order; one (row, head) never looks at another.
+ *              output accumulated in key order; one (row, head) never looks at another,
+ *              and keys a row may not see contribute exactly nothing.
+ *   rmsnorm, silu_mul, rope   row by row, element by element.
  *
  * Weights may be float32 or bfloat16 (stored as uint16: the high half of a float32, so the
- * widening is exact); activations and accumulation are float32.
+ * widening is exact). Activations and accumulation are float32; with native bfloat16 dot
+ * products (AVX512-BF16) a row is rounded to bfloat16 once before a product.
  *
- * Built by app/engine/kernels/__init__.py with gcc, once per CPU kind, for AVX-512 or
- * AVX2 + FMA (chosen at run time), and called through ctypes.
+ * Built by app/engine/kernels/__init__.py with gcc, once per CPU kind, for AVX-512 (with or
+ * without BF16) or AVX2 + FMA (chosen at run time), and called through ctypes.
  */
 #include <immintrin.h>
 #include <math.h>
