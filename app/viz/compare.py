@@ -54,11 +54,13 @@ def ab_figure(a_steps: list[StepEvent], a_summary: RunSummary, b_steps: list[Ste
     fig.add_hline(y=1.0, line=dict(color=style.VANILLA, dash="dot", width=1.5), row=1, col=2,
                   annotation_text="vanilla: 1", annotation_position="bottom right", annotation_font_size=10,
                   annotation_bgcolor="rgba(255,255,255,0.85)")
-    same = vanillas[0] and vanillas[1] and abs(vanillas[0] - vanillas[1]) <= 0.01 * max(vanillas)
+    # two vanillas within 5% of each other share one line (their labels would overlap)
+    same = vanillas[0] and vanillas[1] and abs(vanillas[0] - vanillas[1]) <= 0.05 * max(vanillas)
     for letter, v in zip(("A", "B"), vanillas):
         if v and not (same and letter == "B"):
             fig.add_hline(y=v, line=dict(color=style.VANILLA, dash="dash", width=2), row=1, col=3,
-                          annotation_text=f"vanilla {v:.0f}" if same else f"{letter}'s vanilla {v:.0f}",
+                          annotation_text=(f"vanilla {v:.0f}" if vanillas[0] == vanillas[1] else
+                                           f"vanillas ≈ {v:.0f}") if same else f"{letter}'s vanilla {v:.0f}",
                           annotation_position="bottom right" if letter == "A" else "top right",
                           annotation_font_size=10, annotation_bgcolor="rgba(255,255,255,0.85)")
     top_tau = max(a_summary.mean_accepted, b_summary.mean_accepted, 1.0)
