@@ -93,6 +93,9 @@ def build(kind: str, cc: str | None, log=None) -> Path:
         tmp.unlink(missing_ok=True)
         raise RuntimeError(f"{' '.join(cmd[:2])} failed: {done.stderr.strip()[-400:]}")
     os.replace(tmp, path)        # atomic: a half-written library is never loaded
+    for stale in path.parent.glob(f"rowwise-{kind}-*.so"):   # builds of an older source
+        if stale != path:
+            stale.unlink(missing_ok=True)                     # a process that loaded it keeps its mapping
     return path
 
 
