@@ -244,7 +244,7 @@ def test_folding_counts_every_node_once_and_keeps_the_path(paper_run):
     assert "showing" in fig.layout.annotations[0].text
     assert tree_figure(step).layout.height < tree_figure(step, fold=False).layout.height   # folded by default
     # a folded 60-node tree fits a page: root, path, bonus, 3 alternatives and a fold per level
-    assert len(fig.data[0].x) > 0 and fig.layout.height <= 64 + 12 + 20 * (2 + 5 * (len(tree_view.accepted_path(step)) + 1))
+    assert len(fig.data[0].x) > 0 and fig.layout.height <= tree_view.MARGIN["t"] + tree_view.MARGIN["b"] + 20 * (2 + 5 * (len(tree_view.accepted_path(step)) + 1))
 
 
 def test_display_order_puts_ancestors_first_and_the_path_first(paper_run):

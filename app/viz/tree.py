@@ -49,7 +49,7 @@ FONT_PX = 11            # label font size; labels use a monospace font (widths a
 ROW_PX = 20             # vertical pixels per outline row: > a label's line height (~1.3 x FONT_PX)
 FOLD_ABOVE = 30         # trees with more nodes than this are folded around the accepted path
 MAX_SIBLINGS = 4        # folded: alternatives shown per accepted-path level
-MARGIN = dict(l=16, t=70, b=12)
+MARGIN = dict(l=16, t=86, b=12)   # title, its second line, the depth labels (rotated on a phone)
 COLORBAR_PX = 80        # room for the colour bar right of the labels
 MIN_HEIGHT = 220
 MIN_COLUMNS = 6         # a shallow tree still gets columns this wide (it does not stretch across the page)
