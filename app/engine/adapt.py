@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
+from app.engine.autotune import choose_tree
 from app.engine.config import TreeConfig, TreeShape
 
 
@@ -198,8 +199,6 @@ def adapter_for(engine, base: TreeConfig = TreeConfig(), measure: bool = False, 
     and lets the run's own measurements decide (no foreground calibration), while
     ``measure=True`` measures the profile first (seconds to a minute on a CPU, then kept).
     """
-    from app.engine.autotune import choose_tree
-
     tree, choice = choose_tree(engine, base=base, measure=measure, progress=progress)
     if choice is None:
         return chain(2, base), TreeAdapter(default_candidates()), None
