@@ -42,8 +42,13 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
+from app.engine import loading
+from app.engine.eagle3_head import Eagle3Head, eagle3_config_for
+from app.engine.heads import load_head
 from app.train.data import log
-from app.train.trainer import FeatureDataset
+from app.train.options import complete
+from app.train.stage import loss_vocabulary, training_shards
+from app.train.trainer import FeatureDataset, SubsetLMHead, TrainConfig, train
 
 # default unroll: the reference trains 7 steps; each step costs one more head forward and
 # LM-head matmul, so on a CPU we default to 3 (depth 3 covers most accepted length)
@@ -152,7 +157,6 @@ def validate(head, target_model, data: Eagle3Dataset, steps: int, vocab_ids: tor
     """Held-out ce and top-1 agreement at each depth (as in training, without gradients):
     acc_s is the acceptance rate of a depth-s chain given its ancestors were accepted."""
     head.eval()
-    from app.train.trainer import SubsetLMHead
 
     lm_head = target_model.get_output_embeddings()
     device = lm_head.weight.device
@@ -175,7 +179,6 @@ def new_head(target, vocab_ids: torch.Tensor, layers: tuple[int, ...]):
     hidden state shaped like the target's last feature already reads as the target's
     distribution, and training moves the decoder layer towards that before it adjusts the
     LM head. (EAGLE-3 trains both; the warm start matters when data and time are short.)"""
-    from app.engine.eagle3_head import Eagle3Head, eagle3_config_for
 
     head = Eagle3Head(eagle3_config_for(target.model.config, vocab_ids.numel()), layers)
     head.set_draft_vocab(vocab_ids)
@@ -188,11 +191,8 @@ def new_head(target, vocab_ids: torch.Tensor, layers: tuple[int, ...]):
 def run_training(args, work: Path, out: Path) -> dict:
     """Stage *train* with ``--arch eagle3``: train on every finished shard (they must carry the
     target-layer features), save the head to ``out`` in the official EAGLE-3 layout."""
-    from app.engine.heads import load_head
-    from app.engine.loading import load_target
-    from app.train.trainer import TrainConfig, loss_vocabulary, train, training_shards
-
-    target = load_target(args.base_model, device=getattr(args, "device", "cpu"), dtype="float32")
+    args = complete(args)
+    target = loading.load_target(args.base_model, device=args.device, dtype="float32")
     run_dir, paths, holdout = training_shards(args, work)
     data = Eagle3Dataset(paths)
     log(f"train eagle3: {len(data)} conversations, {data.num_tokens} tokens in {len(paths)} shards, "
@@ -207,7 +207,7 @@ def run_training(args, work: Path, out: Path) -> dict:
             raise ValueError(f"--init-from {args.init_from} drafts over another vocabulary than this run's")
     else:
         head = new_head(target, vocab_ids, data.layers)
-    steps = args.ttt_steps if getattr(args, "ttt_steps", None) else TTT_STEPS
+    steps = args.ttt_steps if args.ttt_steps else TTT_STEPS
     loss_cfg = Eagle3LossConfig(ttt_steps=steps)
     cfg = TrainConfig(epochs=args.epochs, batch_tokens=args.batch_tokens, lr=args.lr,
                       weight_decay=args.weight_decay, warmup_steps=args.warmup_steps, clip=args.clip,

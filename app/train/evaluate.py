@@ -10,8 +10,10 @@ import json
 import time
 from pathlib import Path
 
+from app.engine import factory
 from app.engine.config import SamplingConfig, TreeConfig, TreeShape
 from app.train.data import log
+from app.train.options import complete
 from app.train.prompts import EVAL_DIR
 
 
@@ -92,17 +94,16 @@ def run_eval(args, head_dir: Path) -> dict:
     The engine drafts from the head's ``draft_vocab.json`` when the folder has one, as the CLI
     and the app do; ``--eval-full-draft-vocab`` drafts from the whole vocabulary instead (how
     releases 1-5 of the embedded head were measured)."""
-    from app.engine.factory import load_engine
-
-    engine, _ = load_engine(args.base_model, str(head_dir), device=getattr(args, "device", "cpu"), dtype="float32",
-                            full_draft_vocab=getattr(args, "eval_full_draft_vocab", False))
-    tree = eval_tree(getattr(args, "eval_tree", None) or "60/5/10")
-    temperature = float(getattr(args, "eval_temperature", 0.0))
+    args = complete(args)
+    engine, _ = factory.load_engine(args.base_model, str(head_dir), device=args.device, dtype="float32",
+                                    full_draft_vocab=args.eval_full_draft_vocab)
+    tree = eval_tree(args.eval_tree or "60/5/10")
+    temperature = float(args.eval_temperature)
     sampling = SamplingConfig(temperature=temperature, seed=args.seed)
     names = EVAL_SETS if args.eval_set == "all" else [n.strip() for n in args.eval_set.split(",")]
     results = {}
     for name in names:
-        if getattr(args, "eval_indices", None):
+        if args.eval_indices:
             every = first_turns(name, None)
             prompts = [every[i] for i in parse_indices(args.eval_indices) if i < len(every)]
         else:
@@ -111,7 +112,7 @@ def run_eval(args, head_dir: Path) -> dict:
         result = measure_tau(engine, prompts, tree, sampling, args.eval_new_tokens,
                              progress=lambda i, n, tau, name=name: log(
                                  f"eval {name}: {i}/{n} prompts, tau so far {tau:.3f}"))
-        result.update({"set": name, "offset": args.eval_offset, "indices": getattr(args, "eval_indices", None),
+        result.update({"set": name, "offset": args.eval_offset, "indices": args.eval_indices,
                        "tree": f"dynamic total_tokens={tree.total_tokens} depth={tree.depth} top_k={tree.top_k}",
                        "temperature": temperature, "draft_vocab": None if engine.draft_vocab is None else int(engine.draft_vocab.numel()),
                        "max_new_tokens": args.eval_new_tokens, "wall_s": time.perf_counter() - t0})
