@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from app.engine.config import TreeConfig
+from app.engine.config import KNOB, TreeConfig
 
 _TREE = TreeConfig()
 
@@ -16,13 +16,11 @@ def add_tree_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--total-tokens", type=int, default=None, help=f"draft nodes verified per step, at most, the root not counted (the reference EAGLE "
                         f"code's total_token=N counts it: pass N-1 here for the same tree; default "
                         f"{_TREE.total_tokens}; dynamic: auto)")
-    p.add_argument("--tau-high", type=float, default=_TREE.tau_high, help="threshold method: 2 children above this confidence")
-    p.add_argument("--tau-low", type=float, default=_TREE.tau_low, help="threshold method: 1 child above this confidence")
-    p.add_argument("--min-confidence", type=float, default=_TREE.min_confidence, help="drop nodes below this confidence")
-    p.add_argument("--ngram", type=int, default=_TREE.ngram,
-                   help="pld: longest n-gram looked up; lookahead: size N of the n-grams collected")
-    p.add_argument("--window", type=int, default=_TREE.window, help="lookahead: Jacobi guesses W")
-    p.add_argument("--pool", type=int, default=_TREE.pool, help="lookahead: n-grams kept per first token")
+    KNOB["tau_high"].add_argument(p, help="threshold method: 2 children above this confidence")
+    KNOB["tau_low"].add_argument(p, help="threshold method: 1 child above this confidence")
+    KNOB["min_confidence"].add_argument(p, help="drop nodes below this confidence")
+    for name in ("ngram", "window", "pool"):      # the drafters' knobs: help is the Setting's label
+        KNOB[name].add_argument(p)
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:

@@ -10,20 +10,19 @@ import json
 import sys
 
 from app.args import add_model_arguments, add_tree_arguments, thread_governor, tree_config_from, wants_auto_tree
-from app.engine.config import METHODS, SamplingConfig, TreeConfig
+from app.engine.config import KNOB, METHODS, SamplingConfig, TreeConfig, TreeShape
 
-_SAMPLING = SamplingConfig()
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", required=True, help="one user message (through the chat template unless --raw)")
-    p.add_argument("--method", default="dynamic", help=f"one of {', '.join(METHODS)}")
+    KNOB["method"].add_argument(p, choices=None, help=f"one of {', '.join(METHODS)}")
     add_tree_arguments(p)
-    p.add_argument("--temperature", type=float, default=_SAMPLING.temperature, help="0 = greedy")
-    p.add_argument("--top-p", type=float, default=_SAMPLING.top_p)
-    p.add_argument("--top-k-sampling", type=int, default=_SAMPLING.top_k_sampling, help="truncate the target's sampling distribution (0 = off)")
-    p.add_argument("--seed", type=int, default=_SAMPLING.seed)
-    p.add_argument("--max-new-tokens", type=int, default=256)
+    KNOB["temperature"].add_argument(p, help="0 = greedy")
+    KNOB["top_p"].add_argument(p)
+    KNOB["top_k_sampling"].add_argument(p, help="truncate the target's sampling distribution (0 = off)")
+    KNOB["seed"].add_argument(p)
+    KNOB["max_new_tokens"].add_argument(p)
     add_model_arguments(p)
     p.add_argument("--raw", action="store_true", help="use the prompt as is, without the chat template")
     p.add_argument("--jsonl", action="store_true", help="print each step record and the summary as JSON lines")
@@ -45,11 +44,11 @@ def auto_tree(engine, base: TreeConfig, say):
     start, adapter, choice = adapter_for(engine, base, measure=measure, progress=say)
     trees = ", ".join(adapter._key(t) for t in adapter.candidates)
     if choice is None:
-        say(f"adaptive tree over {trees} (total/depth/top_k), starting at {start.total_tokens}/{start.depth}/1; "
+        say(f"adaptive tree over {trees} (total/depth/top_k), starting at {TreeShape(start.total_tokens, start.depth, 1)}; "
             "no kept profile of this machine yet: `python -m app tune` measures it once")
     else:
         say(f"adaptive tree over {trees} (total/depth/top_k), starting at the tuned "
-            f"{start.total_tokens}/{start.depth}/{start.top_k}; {choice.summary()}")
+            f"{TreeShape.of(start)}; {choice.summary()}")
         say(f"kept forward cost T(n): {cost_curve_text(choice.cost_curve.sizes, choice.cost_curve.ms)}")
     return start, adapter
 

@@ -243,8 +243,9 @@ def test_bench_auto_tree_reports_its_cost_curve(tiny_folders, tmp_path, monkeypa
 
 def test_generate_cli_auto_tree_prints_its_choice_and_cost_curve(tiny_folders, tmp_path, capsys):
     """`python -m app generate` with method dynamic and no tree knobs adapts the tree while
-    decoding; without a kept profile it says how to make one, `python -m app tune` makes it
-    (printing the measured T(n) and its spread), and the next generate starts from it."""
+    decoding. On the eager forward without a kept profile it says how to make one; `python -m
+    app tune` makes it (printing the measured T(n) and its spread), and the next generate
+    starts from it. On the fast forward the first generate measures the profile itself."""
     import os
 
     os.environ["EAGLE_LENS_CACHE"] = str(tmp_path / "cache")
@@ -252,9 +253,17 @@ def test_generate_cli_auto_tree_prints_its_choice_and_cost_curve(tiny_folders, t
         models = ["--base-model", str(tiny_folders / "target"), "--draft-model", str(tiny_folders / "head"),
                   "--device", "cpu", "--threads", "1"]
         gen = ["generate", "--prompt", "w5 w17 w33", "--max-new-tokens", "6", "--raw"] + models
-        assert app_main(gen) == 0
+        assert app_main(gen + ["--forward", "eager"]) == 0
         err = capsys.readouterr().err
         assert "[auto] adaptive tree over" in err and "python -m app tune" in err
+        os.environ["EAGLE_LENS_CACHE"] = str(tmp_path / "cache-fast")
+        assert app_main(gen) == 0                   # the fast forward: measured once, then kept
+        err = capsys.readouterr().err
+        assert "measuring it once" in err and "starting at the tuned" in err
+        assert app_main(gen) == 0
+        err = capsys.readouterr().err
+        assert "measuring it once" not in err and "starting at the tuned" in err
+        os.environ["EAGLE_LENS_CACHE"] = str(tmp_path / "cache")
         assert app_main(["tune"] + models) == 0
         out = capsys.readouterr().out
         line = next(x for x in out.splitlines() if x.startswith("[tune] T(n)"))

@@ -57,15 +57,18 @@ def test_engine_probe_runs_the_engines_forward(tiny):
 
 
 def test_cli_generate_never_sizes_the_tree_in_the_foreground(monkeypatch, tmp_path, capsys, tiny):
-    """`generate` with the default (auto) tree, counted not timed: no forward-cost measurement
-    and no calibration run, with or without a kept profile; it adapts instead."""
+    """`generate` with the default (auto) tree on the eager forward, counted not timed: no
+    forward-cost measurement and no calibration run, with or without a kept profile; it adapts
+    instead. (On the fast forward a first run measures the profile: tests/test_bench.py.)"""
     import argparse
+    from dataclasses import replace
 
     from app import cli
     from app.engine import autotune
     from app.engine.engine import Engine
 
     target, head = tiny
+    target = replace(target, forward="eager")
     monkeypatch.setenv("EAGLE_LENS_CACHE", str(tmp_path))
     monkeypatch.setattr("app.engine.factory.load_engine", lambda *a, **k: (Engine(target, head), ""))
     counted = []

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from app.bench.prompts import load_suite, parse_suites
 from app.bench.runners import ALL_METHODS, parse_methods, run_one
+from app.engine.config import KNOB
 
 DEFAULT_METHODS = ",".join(m for m in ALL_METHODS if m not in ("hf-fp32", "medusa"))   # medusa: its own heads
 QUICK = {"suite": "mt_bench", "limit": 2, "max_new_tokens": 32, "methods": "hf,vanilla,dynamic", "warmup_tokens": 8}
@@ -41,8 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "dynamic:auto@eagle3); "
                         "default: all plain methods")
     p.add_argument("--max-new-tokens", type=int, default=None, help="per answer (default 256)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the only setting where outputs are compared)")
-    p.add_argument("--seed", type=int, default=0)
+    KNOB["temperature"].add_argument(p, help="0 = greedy (the only setting where outputs are compared)")
+    KNOB["seed"].add_argument(p)
     add_tree_arguments(p)
     add_model_arguments(p)
     p.add_argument("--out", default=None, help="output folder (default runs/bench-YYYYmmdd-HHMMSS)")

@@ -40,6 +40,19 @@ _VERBS = {"draft": ("draft: head forwards", "draft: LM head", "draft: tree polic
           "accept": ("accept",), "commit": ("commit",), "record_tree": ("record",)}
 
 
+class _TimedDecoder:
+    """The engine's decoder with its call timed; its other methods (prefill, logits) as they are."""
+
+    def __init__(self, decoder, timed_call):
+        self._decoder, self._call = decoder, timed_call
+
+    def __call__(self, *a, **kw):
+        return self._call(*a, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self._decoder, name)
+
+
 class StepProfiler:
     """Wraps an engine's verbs and model calls with timers; ``totals`` accumulates ms per part.
 
@@ -76,6 +89,7 @@ class StepProfiler:
 
     @contextlib.contextmanager
     def installed(self):
+        """Time the parts while inside: the engine's own attributes are wrapped, then restored."""
         e = self.engine
         wrapped = []   # (object, attribute, the instance's own value or None)
 
@@ -83,10 +97,10 @@ class StepProfiler:
             wrapped.append((obj, attr, vars(obj).get(attr)))
             setattr(obj, attr, new)
 
-        if e.head is not None:
-            wrap(e.head, "forward", self._timed(e.head.forward, "draft: head forwards"))
+        if e.head is not None:       # the head itself, or its forward on the fast kernels
+            wrap(e, "draft_forward", self._timed(e.draft_forward, "draft: head forwards"))
         wrap(e, "_draft_logits", self._timed(e._draft_logits, "draft: LM head"))
-        wrap(e, "decoder", self._timed(e.decoder, "verify: target forward"))
+        wrap(e, "decoder", _TimedDecoder(e.decoder, self._timed(e.decoder, "verify: target forward")))
         for verb, parts in _VERBS.items():
             wrap(e, verb, self._verb(getattr(e, verb), parts))
         try:

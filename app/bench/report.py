@@ -10,6 +10,7 @@ from dataclasses import asdict
 
 from app.bench.runners import MethodSpec, RunRecord
 from app.engine.autotune import cost_curve_text
+from app.engine.config import TreeShape
 
 ALL = "all"   # the pseudo-suite pooling every suite of the run
 
@@ -85,7 +86,7 @@ def _f(x, fmt: str = "{:.2f}", none: str = "–") -> str:
 
 
 def _tree_text(tree: dict | None) -> str:
-    return "–" if not tree else f"{tree['total_tokens']}/{tree['depth']}/{tree['top_k']}"
+    return "–" if not tree else str(TreeShape.of(tree))
 
 
 def markdown_table(table: dict[str, dict], max_depths: int = 6) -> str:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from app.engine.config import HEAD_METHODS, METHODS, SamplingConfig, TreeConfig
+from app.engine.config import HEAD_METHODS, METHODS, SamplingConfig, TreeConfig, TreeShape
 
 # hf-fp32 / hf-bf16: plain generate on a float32 / bfloat16 copy of the target (the engine's
 # own target when it has that dtype), so one run reports its ratio to plain decoding in both.
@@ -90,10 +90,10 @@ def parse_methods(spec: str, base: TreeConfig) -> list[MethodSpec]:
             auto, adaptive = variant == "auto", variant == "adaptive"
         elif variant:
             try:
-                total, depth, top_k = (int(x) for x in variant.split("/"))
+                shape = TreeShape.parse(variant)
             except ValueError:
                 raise ValueError(f"a method variant is TOTAL/DEPTH/TOP_K (e.g. dynamic:60/5/10), got {label!r}") from None
-            tree = TreeConfig(**{**tree.__dict__, "total_tokens": total, "depth": depth, "top_k": top_k})
+            tree = shape.config(name, base=tree)
         out.append(MethodSpec(label, name, tree, auto, adaptive, head=head or None))
     if not out:
         raise ValueError("methods must name at least one method")

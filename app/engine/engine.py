@@ -232,7 +232,7 @@ class Engine:
     @property
     def drafter(self) -> str | None:
         """What proposes this engine's draft nodes (the step records' ``drafter``)."""
-        return getattr(self.head, "kind", "eagle2") if self.head is not None else None
+        return drafters.head_kind(self.head) if self.head is not None else None
 
     def drafter_for(self, cfg: TreeConfig) -> str | None:
         """The step records' ``drafter`` for a step drafted with ``cfg``."""
@@ -273,8 +273,7 @@ class Engine:
             raise ValueError("prompt must encode to at least one token")
         if tree.uses_head and self.head is None:
             raise ValueError(f"method {tree.method} needs a draft head, and none is loaded")
-        if tree.method == "medusa" and self.medusa is None:
-            raise ValueError("method medusa needs Medusa heads, and none are loaded")
+        drafters.check_ready(self, tree)
         room = self.target.max_positions - len(prompt_ids) - tree.max_path   # a step may write a whole path past the answer
         if max_new_tokens > room:
             raise ValueError(

