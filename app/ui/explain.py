@@ -144,7 +144,7 @@ HOW_IT_WORKS_VIEWS = (
 EXAMPLES = (
     ("chat", "What are three tips for staying focused while studying?"),
     ("code", "Write a Python function that checks whether a string is a palindrome."),
-    ("math", "A train travels 60 km in 45 minutes. What is its average speed in km/h? Explain step by step."),
+    ("math", "Count from 1 to 20, separated by commas."),   # the model answers it right (a word problem it got wrong)
     ("summary", "Summarize in two sentences: The Industrial Revolution began in Britain in the late "
                 "18th century. It brought steam power, factories and railways, and changed how people "
                 "lived and worked, moving many from farms to growing cities."),
