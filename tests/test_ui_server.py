@@ -31,7 +31,7 @@ def _loadtest():
 def server(tiny):
     target, head = tiny
     config = ServerConfig(max_new_tokens=128, max_prompt_chars=5000, queue_size=16,
-                          update_interval_s=0.25)   # the tiny model decodes ~100x faster than a real one
+                          update_interval_s=0.05)   # the tiny model decodes ~100x faster than a real one
     demo = build_demo(AppContext(Engine(target, head), config, "tiny test model"), demos={})
     _, url, _ = demo.launch(server_name="127.0.0.1", prevent_thread_lock=True, quiet=True,
                             **launch_kwargs(config))
