@@ -94,7 +94,7 @@ def test_an_eagle3_checkpoint_is_told_apart_from_an_eagle2_one(tiny, tmp_path, m
     """The head's kind comes from the checkpoint (midlayer, d2t/t2d, or an Eagle3 architecture
     name): such a checkpoint is read as EAGLE-3 (tests/test_eagle3.py loads real ones), so a
     renamed EAGLE-2 head fails as an EAGLE-3 one, and DraftHead.load says where to load it."""
-    from app.engine.draft_head import load_head
+    from app.engine.heads import load_head
 
     target, _ = saved_head(tiny, tmp_path)
     path = tmp_path / "model.safetensors"

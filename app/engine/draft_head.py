@@ -112,13 +112,13 @@ class DraftHead(nn.Module):
     def load(cls, folder: str | Path, dtype: torch.dtype = torch.float32,
              device: str | torch.device = "cpu") -> "DraftHead":
         """Strict load of an EAGLE-1/2 head: every expected key must be present and no other
-        key may be. (``load_head`` loads either kind.)"""
+        key may be. (``heads.load_head`` loads either kind.)"""
         folder = Path(folder)
         raw = read_config(folder)
         state = read_state_dict(folder)
         if is_eagle3(raw, state):
             raise ValueError(f"draft head {folder} is an EAGLE-3 head (midlayer, d2t/t2d): load it with "
-                             "app.engine.draft_head.load_head or app.engine.loading.load_draft_head")
+                             "app.engine.heads.load_head or app.engine.loading.load_draft_head")
         return cls.from_checkpoint(folder, raw, state).to(device=device, dtype=dtype).eval()
 
     @classmethod
@@ -131,16 +131,6 @@ class DraftHead(nn.Module):
         check_keys(folder, head, state)
         head.load_state_dict(state, strict=True)
         return head
-
-
-def __getattr__(name: str):
-    # ``load_head`` moved to app.engine.heads (it tells this head from EAGLE-3's, whose module
-    # imports this one); still importable from here for existing callers.
-    if name == "load_head":
-        from app.engine.heads import load_head
-
-        return load_head
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # --- shared by both kinds of head ----------------------------------------------------------

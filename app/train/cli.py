@@ -73,7 +73,7 @@ def main(args: argparse.Namespace) -> int:
 
             run_medusa_training(args, work, out)
         elif stage == "train":
-            from app.train.trainer import run_training
+            from app.train.stage import run_training
 
             run_training(args, work, out)
         elif stage == "eval" and args.arch == "medusa":
