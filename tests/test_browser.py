@@ -519,8 +519,12 @@ def _hostile_trace(tiny, port: int) -> dict:
                              {"target": markup[:200], "head": f"[click]({base}/head)", "dtype": markup[:200],
                               "<img src=x>": f"<img src={base}/key.png>"},
                              steps, summary, vsteps, vsummary)
-    vanilla_summary = data["vanilla"][-1]
-    vanilla_summary["token_ids"][1] += 1    # "outputs differ": the note that names the trace's dtype
+    # "outputs differ" (the note that names the trace's dtype): vanilla's second token changed
+    # in the step that emitted it and in the summary alike (a summary must sum up its steps)
+    vanilla = data["vanilla"]
+    record, i = [(r, i) for r in vanilla[:-1] for i in range(len(r["new_tokens"]))][1]
+    record["new_tokens"][i] += 1
+    vanilla[-1]["token_ids"][1] += 1
     for record in data["records"][:-1]:
         record["text"] = markup
         if record["tree"]:
@@ -558,10 +562,10 @@ def test_markup_in_an_uploaded_trace_stays_text(url, tiny, tmp_path):
         threading.Thread(target=lure.serve_forever, daemon=True).start()
         trace = tmp_path / "hostile.json"
         trace.write_text(json.dumps(_hostile_trace(tiny, port)))
-        broken = tmp_path / "hostile-keys.json"     # refused: the message names its stray key
-        broken.write_text(json.dumps({"format": "eagle-lens-trace", "version": 2, "settings": {}, "model": {},
-                                      "records": [], "vanilla": None,
-                                      f'<img src="http://127.0.0.1:{port}/toast.png">': 1}))
+        # refused: the message names its stray key (its only fault: a trace with other faults
+        # would be refused for its first, in the schema's order, and name the key nowhere)
+        broken = tmp_path / "hostile-keys.json"
+        broken.write_text(json.dumps({**_hostile_trace(tiny, port), f'<img src="http://127.0.0.1:{port}/t.png">': 1}))
         with sync_playwright() as p:
             browser = _chromium(p)
             page = browser.new_page(viewport={"width": 1400, "height": 1800})
@@ -571,7 +575,7 @@ def test_markup_in_an_uploaded_trace_stays_text(url, tiny, tmp_path):
             page.goto(url)
             page.get_by_role("tab", name="Traces").click()
             page.locator("#trace-upload input[type=file]").set_input_files(str(broken))
-            expect(page.locator("[data-testid=toast-body]")).to_contain_text("unexpected")
+            expect(page.locator("[data-testid=toast-body]")).to_contain_text("not permitted")
             expect(page.locator("[data-testid=toast-body]")).to_contain_text("<img")
             page.locator("#trace-upload button[aria-label=Clear]").click()
             page.locator("#trace-upload input[type=file]").set_input_files(str(trace))

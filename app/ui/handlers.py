@@ -13,9 +13,9 @@ and only the latest step's tree. The race's clock is the engine's own per-step t
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -24,7 +24,7 @@ from app.engine.config import SETTING, TreeConfig, shown
 from app.engine.events import StepEvent, decoding_steps
 from app.ui import traces
 from app.engine.threads import engine_probe
-from app.ui.limits import kv_bytes
+from app.ui.limits import kv_bytes, upload_folder
 from app.ui.pump import BackgroundRun
 from app.ui.race import VANILLA, interleave
 from app.ui.requests import SETTING_NAMES, SWEEP_KNOBS, Request, build_request, setting_of
@@ -40,7 +40,9 @@ from app.viz.stream import stream_html
 from app.viz.tree import tree_figure
 from app.viz.verify_view import kv_caption, kv_figure, mask_caption, mask_figure
 
-TRACE_DIR = os.path.join(tempfile.gettempdir(), "eagle-lens-traces")
+# The traces written for download: in the app's own folder, which Gradio serves files from as
+# they are (a folder elsewhere is copied to where Gradio refuses to serve it: limits.upload_folder)
+TRACE_DIR = os.path.join(upload_folder(), "traces")
 TRACE_MAX_AGE_S = 3600
 # trace files older than this are deleted, so a busy server's disk cannot fill
 RACE_CHUNK_TOKENS = 16   # EAGLE and vanilla alternate every this many tokens (app/ui/race.py)
@@ -625,15 +627,15 @@ def stop(session: Session) -> dict:
 # --- traces --------------------------------------------------------------------------------
 
 def prune_traces(max_age_s: float = TRACE_MAX_AGE_S) -> None:
-    """Delete trace files written more than ``max_age_s`` ago (Gradio keeps its own copy for
-    the download, and cleans that up itself via ``delete_cache``)."""
+    """Delete trace files written more than ``max_age_s`` ago (Gradio serves them from where
+    they are written, with no copy of its own; the upload budget may prune them sooner)."""
     cutoff = time.time() - max_age_s
     for entry in os.scandir(TRACE_DIR):
-        if entry.name.startswith("eagle-lens-trace-") and entry.stat().st_mtime < cutoff:
-            try:
+        try:
+            if entry.name.startswith("eagle-lens-trace-") and entry.stat().st_mtime < cutoff:
                 os.remove(entry.path)
-            except FileNotFoundError:
-                pass   # another request removed it first
+        except FileNotFoundError:
+            pass   # another request (or the upload budget) removed it first
 
 
 def write_trace(session: Session) -> str | None:
@@ -642,8 +644,9 @@ def write_trace(session: Session) -> str | None:
         return None
     os.makedirs(TRACE_DIR, exist_ok=True)
     prune_traces()
-    if session.trace_path and os.path.isfile(session.trace_path):
-        os.remove(session.trace_path)
+    if session.trace_path:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(session.trace_path)
     v = session.race_vanilla
     data = traces.trace_dict(session.settings, session.model, session.steps, session.summary,
                              v.steps if v else None, v.summary if v else None)

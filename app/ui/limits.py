@@ -534,20 +534,42 @@ UPLOAD_FOLDER = "eagle-lens-uploads"      # the app's own, inside Gradio's tempo
 TRACE_PREFIX = "eagle-lens-trace-"       # the traces written for download (handlers.write_trace)
 
 
+def gradio_temp_folder() -> str:
+    """Gradio's temporary folder by Gradio's own rule ($GRADIO_TEMP_DIR, else <tmp>/gradio),
+    without importing Gradio (``own_upload_folder`` checks it against Gradio's at launch)."""
+    import tempfile
+    from pathlib import Path
+
+    return os.environ.get("GRADIO_TEMP_DIR") or str((Path(tempfile.gettempdir()) / "gradio").resolve())
+
+
+def upload_folder() -> str:
+    """The app's own folder: the visitors' uploads and the traces written for download.
+
+    Gradio serves a file only from its upload folder (``app.uploaded_file_dir``, this one once
+    ``own_upload_folder`` ran) or a path allowed at launch; a file returned from an event that
+    is outside Gradio's temporary folder is first copied into that folder's top (outside this
+    one), where it would not be served. A trace written here is served as it is, and counted
+    and pruned with the uploads."""
+    return os.path.join(gradio_temp_folder(), UPLOAD_FOLDER)
+
+
 def disk_usage(folders) -> list[tuple[float, int, str]]:
     """(mtime, size, path) of every file under ``folders``, each a folder or (folder, name
-    prefix): only the files whose name starts with the prefix."""
-    files = []
+    prefix): only the files whose name starts with the prefix. A file under two of the
+    folders (the traces' folder inside the uploads') is listed once."""
+    files, seen = [], set()
     for folder in folders:
         folder, prefix = folder if isinstance(folder, tuple) else (folder, "")
         for root, _, names in os.walk(folder):
             for name in names:
-                if not name.startswith(prefix):
-                    continue
                 path = os.path.join(root, name)
+                if not name.startswith(prefix) or os.path.realpath(path) in seen:
+                    continue
                 with contextlib.suppress(OSError):
                     st = os.stat(path)
                     files.append((st.st_mtime, st.st_size, path))
+                    seen.add(os.path.realpath(path))
     return files
 
 
@@ -568,16 +590,26 @@ def make_room(folders, budget: int, min_age_s: float = 60.0) -> bool:
     return total <= budget
 
 
-def own_upload_folder(app) -> str:
-    """Point Gradio's uploads at the app's own folder (inside Gradio's temporary folder, where
-    Gradio allows files to be read from), so that pruning it never touches another app's
-    files or Gradio's cached copies of downloads."""
+def own_upload_folder(app, trace_dirs=()) -> str:
+    """Point Gradio's uploads at the app's own folder (``upload_folder``), so that pruning it
+    never touches another app's files or Gradio's cached copies. Gradio serves only the files
+    in that folder: a folder of traces for download (``trace_dirs``) must lie inside it, or
+    every download would be refused (RuntimeError here, at launch, instead)."""
     from gradio.utils import get_upload_folder
 
     folder = os.path.join(get_upload_folder(), UPLOAD_FOLDER)
+    wrong = [d for d in trace_dirs if not _inside(d, folder)]
+    if wrong:
+        raise RuntimeError(f"traces for download are written to {wrong[0]}, outside the folder Gradio serves "
+                           f"files from ({folder}): write them under limits.upload_folder()")
     os.makedirs(folder, exist_ok=True)
     app.uploaded_file_dir = folder
     return folder
+
+
+def _inside(path: str, folder: str) -> bool:
+    path, folder = os.path.realpath(path), os.path.realpath(folder)
+    return os.path.commonpath([path, folder]) == folder
 
 
 def _is_stream(path: str) -> bool:
@@ -786,7 +818,7 @@ def app_kwargs(config, trace_dirs=()) -> dict:
     async def lifespan(app):
         blocks = app.get_blocks()
         holder = install_state_holder(app, blocks, limits)
-        own_upload_folder(app)
+        own_upload_folder(app, trace_dirs)
         loop = asyncio.get_running_loop()
         reaper = loop.create_task(reap_slow_connections(lambda: getattr(blocks, "server", None), limits))
         releaser = loop.create_task(_release_after_evictions(holder, limits))
