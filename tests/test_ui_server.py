@@ -233,3 +233,23 @@ def test_a_hostile_trace_never_breaks_the_session(client, tmp_path):
     assert 'class="tok' in str(after)
     assert str(client.predict(prompt=PROMPTS[1], method="vanilla", max_new_tokens=2, temperature=0.0,
                               api_name="/generate")[0]).startswith("done")
+
+
+def test_a_downloaded_trace_is_served_and_loads_back(client, server, tmp_path):
+    """The trace a run offers for download is served, byte for byte the file written (a file
+    Gradio refused to serve canceled the page's download), and loads back as it is."""
+    import httpx
+    from gradio_client import handle_file
+
+    r = client.predict(prompt=PROMPTS[0], method="dynamic", max_new_tokens=8, temperature=0.0, **FAST,
+                       api_name="/generate")
+    file = r[10]["value"] if isinstance(r[10], dict) and "value" in r[10] else r[10]
+    url = file.get("url") or f"{server.rstrip('/')}/gradio_api/file={file['path']}"
+    served = httpx.get(url, timeout=30)
+    assert served.status_code == 200, (served.status_code, served.text[:200])
+    with open(file["path"], "rb") as f:
+        assert served.content == f.read()
+    again = tmp_path / "downloaded.json"
+    again.write_bytes(served.content)
+    status = client.predict(handle_file(str(again)), api_name="/load_trace")[0]
+    assert "replaying `uploaded trace`" in str(status)
