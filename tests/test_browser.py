@@ -348,13 +348,17 @@ def test_classroom_screen_demo_settings_views_and_ab(url):
                 (selector, box)
         page.screenshot(path=str(ARTEFACTS / "browser-classroom.png"))
 
-        # The demo's prompt and knobs are in the controls; a knob its method ignores is disabled.
+        # The demo's prompt and max_new_tokens are in the controls, but its tree is not: the
+        # first Generate runs the page's tree (the tiny engine's 24 nodes), not the demo's 16.
+        # A knob the method ignores is disabled.
+        assert trace.settings["total_tokens"] != 24
         expect(page.locator("#prompt textarea")).to_have_value(trace.settings["prompt"])
         _open_settings(page)
-        expect(page.locator(f"#method input[value={trace.settings['method']}]")).to_be_checked()
+        expect(page.locator("#method input[value=dynamic]")).to_be_checked()
         expect(page.locator("#max-new-tokens input[type=number]")).to_have_value(str(trace.settings["max_new_tokens"]))
         page.get_by_text("Tree knobs").click()
-        expect(page.locator("#total-tokens input[type=number]")).to_have_value(str(trace.settings["total_tokens"]))
+        expect(page.locator("#total-tokens input[type=number]")).to_have_value("24")
+        expect(page.locator("#tree-preset input")).to_have_value("the page's default tree")
         expect(page.locator("#tau-high input[type=number]")).to_be_disabled()
         _close_settings(page)
 
@@ -401,6 +405,12 @@ def test_classroom_screen_demo_settings_views_and_ab(url):
         page.get_by_role("option", name=other, exact=True).click()
         page.locator("#demo-btn").click()
         expect(page.locator("#status")).to_contain_text(f"replaying {other}")
+        # the Load-demo button restores every knob, the tree's too
+        other_settings = traces.parse_trace(Path(demos[other]).read_bytes()).settings
+        _open_settings(page)
+        expect(page.locator("#total-tokens input[type=number]")).to_have_value(str(other_settings["total_tokens"]))
+        expect(page.locator("#depth input[type=number]")).to_have_value(str(other_settings["depth"]))
+        _close_settings(page)
         page.get_by_role("tab", name="Compare A/B").click()
         page.wait_for_function("document.querySelectorAll('#ab-plot .js-plotly-plot').length > 0")
         names = {t.get("name") for t in _figure(page, "#ab-plot") if t.get("name")}

@@ -820,3 +820,40 @@ def test_autoplay_moves_one_step_and_stops_at_the_end(finished):
     last = len(session.steps) - 1
     view, more = handlers.play_step(session, last - 1)
     assert view["slider"] == last and not more
+
+
+def test_the_page_load_shows_the_first_demo_but_keeps_the_pages_tree(ctx):
+    """On page load the first demo is shown with its prompt (and its other settings) in the
+    controls, but the method, the tree knobs, adapt and the preset menu stay the page's: the
+    first Generate runs the tree the header names for this machine, not the demo's. The
+    Load-demo button restores every knob."""
+    from app.engine.config import SETTING
+    from app.ui.blocks import TREE_SETTINGS, build_demo, control_value, page_defaults
+    from app.ui.requests import AUTO_PRESET
+
+    demos = demo_traces()
+    name = next(iter(demos))
+    demo_settings = traces.parse_trace(open(demos[name], "rb").read()).settings
+    page = dict(page_defaults(ctx.tree_defaults), method=SETTING["method"].default)
+    assert any(demo_settings.get(k, page[k]) != page[k] for k in TREE_SETTINGS), "the demo's tree is the page's"
+    fns = {f.name: f for f in build_demo(ctx, demos=demos).fns.values()}
+
+    def event(fn_name, *args) -> dict:
+        """What the event sets, by element id; a control it leaves alone (gr.skip()) is None."""
+        f = fns[fn_name]
+        out = f.fn(Session(), *args)
+        return {b.elem_id: None if isinstance(v, dict) and v.get("__type__") == "update" and "value" not in v else v
+                for b, v in zip(f.outputs, out) if getattr(b, "elem_id", None)}
+
+    def control(setting: str) -> str:
+        return setting.replace("_", "-")
+
+    loaded = event("first_demo")
+    assert loaded["prompt"] == demo_settings["prompt"]
+    assert loaded["max-new-tokens"] == control_value("max_new_tokens", demo_settings["max_new_tokens"], ctx.config)
+    for k in TREE_SETTINGS:       # left alone: the page starts at its defaults
+        assert loaded[control(k)] in (None, page[k]), k
+    assert loaded["tree-preset"] in (None, AUTO_PRESET)
+    clicked = event("load_demo", name)
+    for k in TREE_SETTINGS:
+        assert clicked[control(k)] == control_value(k, demo_settings.get(k, page[k]), ctx.config), k
