@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.engine import fused, kernels, kv          # noqa: E402
+from app.engine import forward, fused, kernels, kv          # noqa: E402
 from app.engine.loading import load_target          # noqa: E402
 
 
@@ -100,7 +100,7 @@ def main() -> int:
         elif name == "onednn":
             dec = OneDNNDecoder(model)
         else:
-            dec = fused.decoder_forward(target)
+            dec = forward.decoder_forward(target)
             assert dec.name.startswith("rowwise"), dec.fallback_reason
         models[name] = (model, dec)
     g = torch.Generator().manual_seed(0)

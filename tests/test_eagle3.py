@@ -135,7 +135,7 @@ def test_a_head_for_another_target_is_named_in_one_line(target, tmp_path):
 def test_fused_verify_forward_returns_the_layers_transformers_computes(target):
     """The verify forward's low/mid/high taps are transformers' hidden_states[i] (the inputs of
     layers i), bit for bit, and the final hidden state is unchanged by asking for them."""
-    from app.engine import fused, kv
+    from app.engine import forward, fused, kv
 
     ids, pos = torch.tensor([PROMPT]), torch.arange(5)[None]
     causal = torch.ones(5, 5, dtype=torch.bool).tril()[None, None]
@@ -143,7 +143,7 @@ def test_fused_verify_forward_returns_the_layers_transformers_computes(target):
         ref = target.model.model(input_ids=ids, output_hidden_states=True)
         expected = torch.cat([ref.hidden_states[i] for i in (2, 4, 5)], -1)
         # the eager fused forward: bit for bit; the engine's (fast where it can run) to rounding
-        for forward, exact in ((fused.FusedLlamaDecoder(target.model), True), (fused.decoder_forward(target), False)):
+        for forward, exact in ((fused.FusedLlamaDecoder(target.model), True), (forward.decoder_forward(target), False)):
             hidden, taps = forward(ids, pos, causal, kv.preallocated_cache(target.model, 8), (2, 4, 5))
             plain = forward(ids, pos, causal, kv.preallocated_cache(target.model, 8))
             assert torch.equal(hidden, plain)

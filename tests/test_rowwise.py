@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from app.engine import fused, kernels, kv
+from app.engine import forward, fused, kernels, kv
 from app.engine.config import SamplingConfig, TreeConfig
 from app.engine.engine import Engine
 from app.engine.loading import Target
@@ -69,7 +69,7 @@ def tree_rows_equal_decoded_rows(decoder, model, prefix: list[int], root: int, t
 def test_tree_rows_are_bit_identical_to_one_token_steps_tiny(n, dtype):
     target = tiny_target(seed=4)
     target.model.to(dtype)
-    decoder = fused.decoder_forward(Target(model=target.model, tokenizer=target.tokenizer, name="tiny",
+    decoder = forward.decoder_forward(Target(model=target.model, tokenizer=target.tokenizer, name="tiny",
                                            device=target.device, dtype=dtype))
     assert isinstance(decoder, RowwiseLlamaDecoder)
     rng = random.Random(n)
@@ -82,7 +82,7 @@ def test_tree_rows_are_bit_identical_to_one_token_steps_tiny(n, dtype):
 @pytest.mark.slow
 @pytest.mark.parametrize("n", [3, 24])
 def test_tree_rows_are_bit_identical_to_one_token_steps_embedded(embedded_target, n):
-    decoder = fused.decoder_forward(embedded_target)
+    decoder = forward.decoder_forward(embedded_target)
     assert isinstance(decoder, RowwiseLlamaDecoder)
     ids = embedded_target.tokenizer("A hash map stores keys and values so that a lookup")["input_ids"]
     rng = random.Random(n)
@@ -205,7 +205,7 @@ def test_forward_eager_switches_the_fast_forward_off():
     target = tiny_target(seed=6)
     off = Target(model=target.model, tokenizer=target.tokenizer, name="tiny", device=target.device,
                  dtype=target.dtype, forward="eager")
-    decoder = fused.decoder_forward(off)
+    decoder = forward.decoder_forward(off)
     assert type(decoder) is fused.FusedLlamaDecoder and "switched off" in decoder.fallback_reason
     from app.engine.loading import load_target
 

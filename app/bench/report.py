@@ -115,7 +115,7 @@ drafting the tree, in the target's verify forward (+ acceptance), and everything
 commit, step record). *acceptance by depth*: of the steps whose accepted path reached depth
 d-1 and that drafted depth d, the share accepting a token at depth d. *= vanilla*: greedy
 outputs token-for-token identical to our vanilla decoding (k of n prompts; exact equality is
-a float32 property, see DESIGN.md)."""
+a property of the fast forward in every dtype, and of float32 on the eager one: README, "The fast forward")."""
 
 
 def markdown_report(summary: dict, meta: dict) -> str:

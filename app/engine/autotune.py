@@ -71,7 +71,7 @@ from dataclasses import asdict
 
 import torch
 
-from app.engine import fused, kv
+from app.engine import forward, kv
 from app.engine.calibration import (CALIBRATION_PROMPTS, CALIBRATION_SETTINGS, Calibration, calibrate,
                                     calibration_cache_path, head_fingerprint, top1_chain)
 from app.engine.config import TreeConfig
@@ -103,7 +103,7 @@ def cost_cache_key(target) -> dict:
     return {
         "model": target.name,
         # which verify forward and cache the engine runs: a faster one invalidates old curves
-        "forward": f"{fused.decoder_forward(target).name}+preallocated-kv",
+        "forward": f"{forward.decoder_forward(target).name}+preallocated-kv",
         "shape": f"L{cfg.num_hidden_layers}-H{cfg.hidden_size}-V{cfg.vocab_size}",
         "device": device.type,
         "device_name": dev_name,
@@ -130,7 +130,7 @@ def measure_forward_costs(target, sizes=DEFAULT_SIZES, prefix_len: int = DEFAULT
     forward over more tokens never costs less; a dip is noise).
     """
     model, device = target.model, target.device
-    decoder = fused.decoder_forward(target)      # the engine's verify forward
+    decoder = forward.decoder_forward(target)      # the engine's verify forward
     vocab = model.config.vocab_size
     sizes = sorted(set(int(n) for n in sizes))
     prefix_len = min(prefix_len, target.max_positions - max(sizes) - 1)

@@ -42,7 +42,7 @@ from typing import Iterator
 
 import torch
 
-from app.engine import drafters, fused, kv, verify
+from app.engine import drafters, forward, kv, verify
 from app.engine.config import (GenerationLimits, SamplingConfig, TreeConfig, check_max_new_tokens,
                                check_prompt)
 from app.engine.events import DraftTreeRecord, RunSummary, StepEvent, summarize
@@ -197,7 +197,7 @@ class Engine:
         self.body = getattr(model, model.base_model_prefix)    # the decoder stack, ends with the final norm
         # decode/verify forwards: the same stack with fused projections where the
         # architecture allows (app/engine/fused.py), or the fast batch-invariant one (app/engine/rowwise.py)
-        self.decoder = fused.decoder_forward(target)
+        self.decoder = forward.decoder_forward(target)
         self.lm_head = model.get_output_embeddings()
         self.embedding = model.get_input_embeddings()
         self.eos_ids = target.eos_ids

@@ -50,9 +50,9 @@ class Target:
     device: torch.device
     dtype: torch.dtype
     # "auto": the fast batch-invariant forward (app/engine/rowwise.py) where this machine
-    # can run it; "eager": transformers-based forward only (fused.decoder_forward)
+    # can run it; "eager": transformers-based forward only (forward.decoder_forward)
     forward: str = "auto"
-    # the engine's decode/verify forward, built once by fused.decoder_forward (it re-points
+    # the engine's decode/verify forward, built once by forward.decoder_forward (it re-points
     # the model's weights, so every engine on this target must share it)
     _decoder_forward: object = field(default=None, init=False, repr=False, compare=False)
 

@@ -97,7 +97,7 @@ def _choice_path(model_name: str) -> Path:
 def auto_cpu_dtype(model_name: str, model: torch.nn.Module, log=None, forward: str = "auto") -> torch.dtype:
     """The dtype to decode ``model`` (loaded in float32) in on this CPU, measured once and kept.
 
-    With the fast forward (``forward="auto"`` where ``fused.fast_unavailable`` finds nothing
+    With the fast forward (``forward="auto"`` where ``forward.fast_unavailable`` finds nothing
     against it) no measurement is needed: a step there is bound by reading the weights, and
     bfloat16 weights are half the bytes, so bfloat16 wherever it is native (the draft head
     and the rest still run eager torch ops in the model's dtype, which emulated bfloat16
