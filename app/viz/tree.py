@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 import plotly.graph_objects as go
 
+from app.engine.drafters.registry import DRAFTER_LABELS
 from app.engine.events import StepEvent
 from app.viz import style
 from app.viz.stream import split_step_text
@@ -55,9 +56,9 @@ MIN_HEIGHT = 220
 MIN_COLUMNS = 6         # a shallow tree still gets columns this wide (it does not stretch across the page)
 
 
-# What proposed a step's nodes (``StepEvent.drafter``), as the tree's title names it.
-DRAFTER_NAMES = {"eagle2": "EAGLE head", "eagle3": "EAGLE-3 head", "medusa": "Medusa heads",
-                 "pld": "prompt lookup", "lookahead": "lookahead pool"}
+# What proposed a step's nodes (``StepEvent.drafter``), as the tree's title names it: the
+# drafters' registry holds the label of every name a record's ``drafter`` may hold.
+DRAFTER_NAMES = DRAFTER_LABELS
 
 
 # Special tokens as a reader names them (the chat template's markers)
