@@ -18,6 +18,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from app.engine.config import TreeShape
 from app.viz import style
 
 # a line per depth: light to dark as trees get deeper
@@ -29,7 +30,9 @@ def _label(c: dict, default_top_k: int | None = None) -> str:
     it is the calibration's."""
     top_k = c.get("top_k") or default_top_k
     kind = "chain" if c.get("top_k") == 1 else "tree"
-    return f"{kind} {c['total_tokens']}/{c['depth']}" + (f"/{top_k}" if top_k else "")
+    if not top_k:        # neither the candidate's nor the calibration's: only N/d is known
+        return f"{kind} {c['total_tokens']}/{c['depth']}"
+    return f"{kind} {TreeShape.of({**c, 'top_k': top_k})}"
 
 
 def chosen_candidate(choice: dict) -> dict:

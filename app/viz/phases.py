@@ -1,6 +1,7 @@
 """A plain-words account of one step's three phases: draft, verify, accept."""
 from __future__ import annotations
 
+from app.engine.config import TreeShape
 from app.engine.events import StepEvent
 from app.engine.verify import GREEDY, SAMPLED_CHAIN, SAMPLED_TREE
 from app.viz.stream import split_step_text
@@ -76,7 +77,7 @@ def tree_shape(config: dict | None) -> str:
     """A step's tree in the papers' N/d/k notation (total_tokens / depth / top_k)."""
     if not config or config.get("method") == "vanilla":
         return "no tree"
-    return f"{config.get('total_tokens')}/{config.get('depth')}/{config.get('top_k')}"
+    return str(TreeShape.of(config))
 
 
 # why an adaptive run changed its tree (``TreeAdapter.switches``), in words
