@@ -10,7 +10,8 @@ from app.ui import methods
 from app.ui.race import round_robin
 from app.ui.session import Session
 from app.ui.settings import AppContext, ServerConfig
-from app.viz.methods import LITERATURE, METHOD_NAMES
+from app.engine.drafters.registry import DRAFTERS
+from app.viz.methods import LITERATURE, METHOD_COLOURS, METHOD_NAMES
 from tests.test_drafters import trained_medusa
 
 PROMPT = "w5 w17 w33 w90 w5 w17"
@@ -156,6 +157,12 @@ def test_another_shipped_head_races_beside_the_servers_own(tmp_path, monkeypatch
     assert all(rows[n].rstrip(" |").endswith("yes") for n in ("EAGLE-2 (dynamic tree)", "EAGLE-3 (dynamic tree)"))
     with pytest.raises(ValueError, match="dynamic@/tmp"):
         methods.check_compare(ctx, PROMPT, ["vanilla", "dynamic@/tmp"], 24)
+
+
+def test_every_registry_drafter_has_a_name_a_colour_and_the_literatures_numbers():
+    # the comparison offers every drafter of the registry (methods.available_methods)
+    for table in (METHOD_NAMES, METHOD_COLOURS, LITERATURE):
+        assert {d.method for d in DRAFTERS} <= set(table)
 
 
 def test_the_table_says_when_an_output_differs_from_vanillas():

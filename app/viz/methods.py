@@ -18,6 +18,12 @@ from app.engine.events import RunSummary, StepEvent
 from app.viz import style
 from app.viz.race import RaceSpeedup, curve, race_speedup
 
+# The per-method tables below are keyed by the methods the comparison offers: vanilla, the
+# drafters of the registry (``app.engine.drafters.registry.DRAFTERS``, by their ``method``), the
+# EAGLE head's static and dynamic trees and ``dynamic@NAME`` for another shipped head. Their
+# entries are this view's own words, so a new drafter adds a line to each (a test checks that
+# every registry drafter has one).
+
 # One colour per method, fixed, so a method looks the same in every figure of the page.
 METHOD_COLOURS = {
     "vanilla": style.VANILLA,
