@@ -785,5 +785,27 @@ def test_projector_words_titles_and_refusals(url):
         temperature.press("Enter")
         expect(page.locator("#top-p input[type=number]")).to_be_enabled()
         expect(page.locator("#seed input")).to_be_enabled()
+        _close_settings(page)
+
+        # the explorer's refusal sits under the knob it names, in full, covering no field
+        page.get_by_role("tab", name="Threshold explorer").click()
+        page.locator("#explore-knob input").click()
+        page.get_by_role("option", name="tau_high", exact=True).click()
+        page.locator("#explore-btn").click()
+        message = page.locator("#explore-knob .validation-error")
+        expect(message).to_contain_text("choose a method it shapes, or another knob")
+        expect(page.locator("#prompt")).not_to_contain_text("tau_high")     # not a side-panel setting
+        seen = page.evaluate("""() => { const m = document.querySelector('#explore-knob .validation-error');
+            const r = m.getBoundingClientRect(), cut = [];
+            for (let e = m; e && e.id !== 'explore-knob'; e = e.parentElement) {
+              const b = e.getBoundingClientRect();
+              if (b.top > r.top + 1 || b.bottom < r.bottom - 1) cut.push(e.className); }
+            const fields = ['#explore-knob input', '#explore-start input', '#explore-stop input',
+                            '#explore-count input[type=number]', '#explore-btn'];
+            const covered = fields.filter(s => { const b = document.querySelector(s).getBoundingClientRect();
+              return Math.min(b.right, r.right) > Math.max(b.left, r.left) && Math.min(b.bottom, r.bottom) > Math.max(b.top, r.top); });
+            return {cut, covered, scrolled: m.scrollHeight > m.clientHeight + 1}; }""")
+        assert seen == {"cut": [], "covered": [], "scrolled": False}, seen
+        page.screenshot(path=str(ARTEFACTS / "browser-explorer-refusal.png"))
         browser.close()
     assert errors == []

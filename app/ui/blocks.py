@@ -234,9 +234,9 @@ def settings_validator(check, names: tuple, checked: Checked):
         if result is not None:
             checked.put(values, result)
         for name, message in list(problems.items()):
-            # its control sits in the side panel (maybe closed, maybe in a closed accordion):
-            # say it by the prompt too
-            if name != "prompt" and "prompt" not in problems and "prompt" in names:
+            # a setting's control sits in the side panel (maybe closed, maybe in a closed
+            # accordion): say it by the prompt too (the explorer's own fields are in view)
+            if name in SETTING_NAMES and name != "prompt" and "prompt" not in problems and "prompt" in names:
                 problems["prompt"] = f"{FOLDED[name]}: {message}" if name in FOLDED else f"Settings: {message}"
         return [gr.validate(name not in problems, problems.get(name, "")) for name in names]
 
