@@ -165,10 +165,10 @@ def test_a_click_is_validated_once(client, monkeypatch):
     parse it again; a refused request is parsed once and never reaches the event."""
     from gradio_client.exceptions import ValidationError
 
-    from app.ui import handlers
+    from app.ui.handlers import common   # where parse lives; the events look it up there
 
-    parsed, real = [], handlers.parse
-    monkeypatch.setattr(handlers, "parse", lambda ctx, raw: parsed.append(raw) or real(ctx, raw))
+    parsed, real = [], common.parse
+    monkeypatch.setattr(common, "parse", lambda ctx, raw: parsed.append(raw) or real(ctx, raw))
     out = client.predict(prompt=PROMPTS[1], method="dynamic", max_new_tokens=4, temperature=0.0, **FAST,
                          api_name="/generate")
     assert str(out[0]).startswith("done") and len(parsed) == 1

@@ -5,6 +5,7 @@
     requests.py   turn raw widget / API values into validated engine settings
     session.py    one visitor's state (their runs, their cached vanilla race, step mode)
     traces.py     save a run as JSON; load and *validate* a trace from anyone
-    handlers.py   plain Python generators: settings in, dicts of named view updates out
+    handlers/     plain Python generators: settings in, dicts of named view updates out; one
+                  module per feature (run, replay, demos, explorer, ab), shared parts in common
     blocks.py     the Gradio page: components, wiring, queue
 """

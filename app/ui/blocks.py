@@ -1,6 +1,6 @@
 """The Gradio page: components, their wiring, and the queue.
 
-Handlers (``handlers.py``) yield views — dicts keyed by view name. Here each view name is
+Handlers (``app.ui.handlers``) yield views — dicts keyed by view name. Here each view name is
 bound to one component, and a thin wrapper per event turns a view into the tuple of outputs
 Gradio expects (``gr.skip()`` for anything the view leaves alone) and a ``ValueError`` into a
 ``gr.Error`` message on the page. Before an engine event starts, its validator checks the
