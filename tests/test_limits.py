@@ -1,4 +1,4 @@
-"""The public server's per-visitor bounds (app/ui/limits.py), against a real Gradio server on
+"""The public server's per-visitor bounds (app/ui/limits/), against a real Gradio server on
 127.0.0.1 with the tiny model, driven as a script would: a session flood must not take other
 visitors' state, simultaneous joins must not overfill the queue, uploads are .json, bounded
 and rate-limited, a connection that never finishes its request head is closed, and a paused

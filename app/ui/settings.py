@@ -97,7 +97,7 @@ class ServerConfig:
     trace_max_bytes: int = 4_000_000
     session_ttl_s: int = 1800          # a visitor's state is dropped after 30 idle minutes
     auto_tree: bool = True             # default tree knobs from app.engine.autotune
-    public_limits: PublicLimits = field(default_factory=PublicLimits)   # per-visitor bounds (app/ui/limits.py)
+    public_limits: PublicLimits = field(default_factory=PublicLimits)   # per-visitor bounds (app/ui/limits/)
 
     @classmethod
     def from_env(cls) -> "ServerConfig":
@@ -136,7 +136,7 @@ class AppContext:
     # probe forward is built on the engine thread at the first run.
     threads: ThreadGovernor = field(default_factory=ThreadGovernor, repr=False)
     thread_probe: object | None = field(default=None, repr=False)
-    paused: PausedRuns | None = field(default=None, repr=False)   # every paused step-mode run (limits.py)
+    paused: PausedRuns | None = field(default=None, repr=False)   # every paused step-mode run (limits/paused.py)
     # The other shipped heads for the same target, by name (e.g. "eagle3"), each in an engine of
     # its own that shares the target: the comparison can draft with them (never a path from the page).
     heads: dict = field(default_factory=dict, repr=False)
