@@ -7,7 +7,7 @@
         the tour;
      4. on a phone, Generate scrolls the answer (the token stream) into view;
      5. a value typed outside a setting's range is kept (not clamped), for Generate to refuse.
-     The tour's steps come from app/ui/explain.py (TOUR_STEPS), filled in by app/ui/blocks.py. */
+     The tour's steps come from app/ui/explain.py (TOUR_STEPS), filled in by app/ui/blocks (page_script). */
   const TOUR_STEPS = __TOUR_STEPS__;
   const TOUR_KEY = "eagle-lens-tour-done";
 

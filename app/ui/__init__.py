@@ -7,5 +7,5 @@
     traces.py     save a run as JSON; load and *validate* a trace from anyone
     handlers/     plain Python generators: settings in, dicts of named view updates out; one
                   module per feature (run, replay, demos, explorer, ab), shared parts in common
-    blocks.py     the Gradio page: components, wiring, queue
+    blocks/       the Gradio page: components (layout), each feature's events, the queue
 """
