@@ -36,9 +36,10 @@ from app.ui.handlers.replay import (TRACE_DIR, TRACE_MAX_AGE_S, _live_model, ins
 from app.ui.handlers.run import (STOP_WAIT_S, _done_status, _finish, _raced, _run_vanilla, _step,  # noqa: F401
                                  check_generate, check_step, generate, paused_run_bytes, request_problems, step, stop,
                                  tree_plan)
-from app.ui.handlers.speedup import (_identical_note, _measure_parting, session_race, speedup_decomposition,  # noqa: F401
-                                     speedup_headline, speedup_text)
-from app.ui.handlers.views import TREE_PX, _rate, _switch_reasons, final_view, live_view, run_status, step_view  # noqa: F401
+from app.ui.handlers.speedup import (_identical_note, _measure_parting, session_race,  # noqa: F401
+                                     speedup_decomposition, speedup_headline, speedup_text)
+from app.ui.handlers.views import (TREE_PX, _rate, _switch_reasons, final_view, live_view, run_status,  # noqa: F401
+                                   step_view)
 
 # names the module imported before it was split, still importable from here
 from app.engine.config import SETTING, TreeConfig, shown  # noqa: F401,E402

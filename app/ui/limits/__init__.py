@@ -57,8 +57,8 @@ from app.ui.limits.connections import reap_slow_connections  # noqa: F401
 from app.ui.limits.middleware import LimitsMiddleware  # noqa: F401
 from app.ui.limits.paused import PausedRuns, kv_bytes  # noqa: F401
 from app.ui.limits.queue_share import bound_queue_joins  # noqa: F401
-from app.ui.limits.sessions import (_sessions_in, _state_holder_class, admit_records, install_state_holder,  # noqa: F401
-                                    records_bytes, release_memory, session_bytes)
+from app.ui.limits.sessions import (_sessions_in, _state_holder_class, admit_records,  # noqa: F401
+                                    install_state_holder, records_bytes, release_memory, session_bytes)
 from app.ui.limits.streams import StreamCaps, _is_stream  # noqa: F401
 from app.ui.limits.uploads import (TRACE_PREFIX, UPLOAD_FOLDER, UploadLimits, _inside, disk_usage,  # noqa: F401
                                    gradio_temp_folder, make_room, own_upload_folder, upload_folder)
