@@ -51,6 +51,7 @@ class RowwiseLlamaDecoder(FusedLlamaDecoder):
     @torch.no_grad()
     def __init__(self, model: nn.Module):
         super().__init__(model)
+        self.name = f"{type(self).name}-{kernels.load().kind}"   # cost curves are per ISA (AVX2 emulation too)
         self.dtype = next(model.parameters()).dtype
         for w in self.layers:
             for key in ("qkv", "o", "gate_up", "down"):
