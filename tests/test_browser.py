@@ -60,7 +60,9 @@ def url(tiny):
     from tests.test_autotune import CPU, big_tree_calibration
 
     choice = choose_from(CPU, big_tree_calibration()).to_dict()
-    with _serve(AppContext(Engine(target, head), config, "tiny test model", tree_choice=choice),
+    # paced at 50 steps/s: on the fast forward the tiny model could finish 200 tokens before a
+    # click on Stop arrived, so whether "stopped after" showed depended on the machine's load
+    with _serve(AppContext(_PacedEngine(target, head, pace_s=0.02), config, "tiny test model", tree_choice=choice),
                 demos=demo_traces()) as local_url:
         yield local_url
 
@@ -434,6 +436,9 @@ def test_classroom_screen_demo_settings_views_and_ab(url):
             page.locator(f"#{knob} input[type=number]").press("Enter")
         page.locator("#generate-btn").click()
         expect(page.locator("#speedup")).to_contain_text(re.compile(r"\d\.\d\d×"), timeout=240_000)
+        # the run has ended (the speedup can show while it still streams: the tree and the mask
+        # would then be read from different steps)
+        expect(page.locator("#status")).to_contain_text("done", timeout=240_000)
         _close_settings(page)
         page.evaluate("window.scrollTo(0, 0)")
         _wait_for_tree(page)
@@ -446,8 +451,9 @@ class _PacedEngine(Engine):
     """The tiny engine, paced at 5 steps/s (slower than the embedded model on a CPU), so a run
     lasts long enough for a visitor to leave in the middle of it."""
 
-    def __init__(self, target, head):
+    def __init__(self, target, head, pace_s: float = 0.2):
         super().__init__(target, head)
+        self.pace_s = pace_s
         self.runs = []          # per run: [steps yielded, closed early?]
 
     def generate(self, *args, **kwargs):
@@ -460,7 +466,7 @@ class _PacedEngine(Engine):
         def paced():
             try:
                 for event in inner:
-                    time.sleep(0.2)
+                    time.sleep(self.pace_s)
                     record[0] += 1
                     yield event
             finally:
