@@ -163,6 +163,7 @@ def test_browser_generate_replay_stop_and_traces(url, tmp_path):
         page.locator("#generate-btn").click()
         expect(page.locator("#token-stream .tok").first).to_be_visible()
         expect(page.locator("#speedup")).to_contain_text(re.compile(r"\d\.\d\d×"), timeout=240_000)
+        expect(page.locator("#status")).to_contain_text("done", timeout=240_000)   # the run (and its race) ended
         last_title = _wait_for_tree(page)
         expect(page.locator("#token-stream .tok.draft").first).to_be_visible()
         page.screenshot(path=str(ARTEFACTS / "browser-after-generate.png"), full_page=True)
