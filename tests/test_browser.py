@@ -774,6 +774,7 @@ def test_projector_words_titles_and_refusals(url):
         field = page.locator("#total-tokens input[type=number]")
         field.fill("500")
         field.press("Tab")
+        page.wait_for_timeout(500)      # the field's change reaches the page's state before the click
         page.locator("#generate-btn").click()
         expect(page.locator("#prompt")).to_contain_text("[1, 128]")
         assert field.input_value() == "500"
