@@ -130,19 +130,16 @@ static inline v16 v_exp(v16 x) {
  * MB rows of x against one group: MB x GV accumulators, GV weight vectors loaded once per
  * k and reused by every row from registers. */
 #if defined(__AVX512F__)
-typedef __m512 vn;                       /* the native vector: 16 floats */
+typedef v16 vn;                          /* the native vector is the 16-float one */
 #define VW 16
 #define GV 2                             /* vectors per group: G = 32 columns */
 #define MB 12                            /* 24 accumulators + 2 weights + 1 broadcast of 32 */
-static inline vn n_zero(void) { return _mm512_setzero_ps(); }
-static inline vn n_load(const float *p) { return _mm512_loadu_ps(p); }
-static inline vn n_load_bf16(const uint16_t *p) {
-    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-}
-static inline vn n_set1(float a) { return _mm512_set1_ps(a); }
-static inline vn n_fma(vn a, vn b, vn c) { return _mm512_fmadd_ps(a, b, c); }
-static inline void n_store(float *p, vn a) { _mm512_storeu_ps(p, a); }
+#define n_zero v_zero
+#define n_load v_load
+#define n_load_bf16 v_load_bf16
+#define n_set1 v_set1
+#define n_fma v_fma
+#define n_store v_store
 #else
 typedef __m256 vn;                       /* 8 floats */
 #define VW 8
