@@ -281,10 +281,11 @@ void rowwise_linear(const float *x, long ldx, int M, const void *w, int wbf16, i
                     float *y, long ldy, int threads) {
     int groups = (N + G - 1) / G;
     if (threads > groups) threads = groups;
+    uint16_t *xb = NULL;                  /* native bfloat16: the rows, rounded once, in k-pairs */
+    int Kp = (K + 1) / 2;
 #if defined(__AVX512BF16__)
     if (wbf16) {
-        int Kp = (K + 1) / 2;
-        uint16_t *xb = (uint16_t *)calloc((size_t)M * Kp * 2, sizeof(uint16_t));
+        xb = (uint16_t *)calloc((size_t)M * Kp * 2, sizeof(uint16_t));
         for (int i = 0; i < M; i++) {
             int k = 0;
             for (; k + 16 <= K; k += 16)       /* VCVTNEPS2BF16: round to nearest even, as f32_to_bf16 */
@@ -292,18 +293,6 @@ void rowwise_linear(const float *x, long ldx, int M, const void *w, int wbf16, i
                                     (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + (long)i * ldx + k)));
             for (; k < K; k++) xb[(long)i * Kp * 2 + k] = f32_to_bf16(x[(long)i * ldx + k]);
         }
-        #pragma omp parallel num_threads(threads) if (threads > 1)
-        {
-#ifdef _OPENMP
-            int t = omp_get_thread_num(), nt = omp_get_num_threads();
-#else
-            int t = 0, nt = 1;
-#endif
-            int g0 = (int)((long)groups * t / nt), g1 = (int)((long)groups * (t + 1) / nt);
-            groups_dp((const uint32_t *)xb, M, (const uint16_t *)w, g0, g1, N, Kp, y, ldy);
-        }
-        free(xb);
-        return;
     }
 #endif
     #pragma omp parallel num_threads(threads) if (threads > 1)
@@ -314,9 +303,14 @@ void rowwise_linear(const float *x, long ldx, int M, const void *w, int wbf16, i
         int t = 0, nt = 1;
 #endif
         int g0 = (int)((long)groups * t / nt), g1 = (int)((long)groups * (t + 1) / nt);
+#if defined(__AVX512BF16__)
+        if (xb) groups_dp((const uint32_t *)xb, M, (const uint16_t *)w, g0, g1, N, Kp, y, ldy);
+        else
+#endif
         if (wbf16) groups_bf16(x, ldx, M, (const uint16_t *)w, g0, g1, N, K, y, ldy);
         else groups_f32(x, ldx, M, (const float *)w, g0, g1, N, K, y, ldy);
     }
+    free(xb);
 }
 
 /* ---- attention ---------------------------------------------------------------------- */
