@@ -430,6 +430,9 @@ def test_a_bad_trusted_proxies_setting_fails_at_start(monkeypatch):
     monkeypatch.setenv("EAGLE_LENS_TRUSTED_PROXIES", "everyone")
     with pytest.raises(ValueError, match="trusted_proxies"):
         ServerConfig.from_env()
+    monkeypatch.setenv("EAGLE_LENS_TRUSTED_PROXIES", "10.0.0.1/8")     # host bits set: address or network?
+    with pytest.raises(ValueError, match="host bits zero"):
+        ServerConfig.from_env()
     monkeypatch.delenv("EAGLE_LENS_TRUSTED_PROXIES")
     monkeypatch.setenv("SPACE_ID", "someone/eagle-lens")
     assert ServerConfig.from_env().public_limits.trusted_proxies == "1"     # a Space's proxy: one hop

@@ -27,9 +27,11 @@ def trusted_proxies(spec: str) -> tuple[int, tuple]:
             raise ValueError(f"trusted_proxies: at most 8 hops, got {spec}")
         return int(spec), ()
     try:
-        return 0, tuple(ipaddress.ip_network(part.strip(), strict=False) for part in spec.split(",") if part.strip())
+        # strict: "10.0.0.1/8" (host bits set) is a typo for an address or a network, not a guess to make
+        return 0, tuple(ipaddress.ip_network(part.strip()) for part in spec.split(",") if part.strip())
     except ValueError:
-        raise ValueError(f"trusted_proxies must be a hop count or a list of addresses / networks, got {spec[:80]!r}") from None
+        raise ValueError(f"trusted_proxies must be a hop count or a list of addresses / networks (a network's "
+                         f"host bits zero, e.g. 10.0.0.0/8), got {spec[:80]!r}") from None
 
 
 def _in(address: str | None, networks) -> bool:
