@@ -42,11 +42,12 @@ from typing import Iterator
 
 import torch
 
-from app.engine import drafters, forward, kv, verify
+from app.engine import drafters, forward, kernels, kv, verify
 from app.engine.config import (GenerationLimits, SamplingConfig, TreeConfig, check_max_new_tokens,
                                check_prompt)
 from app.engine.events import DraftTreeRecord, RunSummary, StepEvent, summarize
 from app.engine.loading import Target
+from app.engine.rowwise import RowwiseDraftHead, RowwiseLlamaDecoder
 from app.engine.tree import ROOT, DraftTree, grow_tree, proposals_needed, tree_attention_mask
 
 
@@ -220,11 +221,7 @@ class Engine:
         # With the fast target forward, an EAGLE-1/2 head drafts on the same kernels: the
         # head's forward and its LM head (over the draft vocabulary) over the frontier's rows.
         self.draft_forward, self._draft_lm_packed = head, None
-        from app.engine.rowwise import RowwiseDraftHead, RowwiseLlamaDecoder
-
         if isinstance(self.decoder, RowwiseLlamaDecoder) and head is not None and RowwiseDraftHead.supports(head):
-            from app.engine import kernels
-
             self.draft_forward = RowwiseDraftHead(head)
             if draft_vocab is not None:
                 self._draft_lm_packed = kernels.Packed(self.draft_lm_weight)
@@ -421,8 +418,6 @@ class Engine:
         if self.draft_forward is not self.head:          # the fast kernels (float32 features)
             if self.draft_vocab is None:
                 return self.decoder.logits(feats)
-            from app.engine import kernels
-
             logits = kernels.linear(feats, self._draft_lm_packed)
             return logits + self.draft_lm_bias.float() if self.draft_lm_bias is not None else logits
         if self.draft_vocab is None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from transformers.models.llama.modeling_llama import rotate_half   # as fused.py: Mistral's is the same
 
 from app.engine import kernels
 from app.engine.fused import FusedLlamaDecoder
@@ -115,11 +116,6 @@ class RowwiseLlamaDecoder(FusedLlamaDecoder):
         return kernels.linear(hidden.float(), self.lm_head)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 class RowwiseDraftHead:
     """An EAGLE-1/2 head's forward (``DraftHead.forward``'s signature) on the same kernels.
 
@@ -168,7 +164,7 @@ class RowwiseDraftHead:
         qkv = kernels.linear(x, self.qkv)                                                 # (T, (Hq+2Hkv)·d)
         qk, v = qkv.split([(self.heads + self.kv_heads) * d, self.kv_heads * d], dim=-1)
         qk = qk.view(T, -1, d).transpose(0, 1)                                            # (Hq+Hkv, T, d)
-        qk = qk * cos[0] + _rotate_half(qk) * sin[0]
+        qk = qk * cos[0] + rotate_half(qk) * sin[0]
         q, k = qk.split([self.heads, self.kv_heads], dim=0)
         v = v.view(T, self.kv_heads, d).transpose(0, 1)                                   # (Hkv, T, d)
         keys, values = cache.update(k[None], v[None], 0)                                  # (1, Hkv, S, d)
