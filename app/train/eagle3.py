@@ -42,12 +42,10 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from app.engine import loading
 from app.engine.eagle3_head import Eagle3Head, eagle3_config_for
 from app.engine.heads import load_head
 from app.train.data import log
-from app.train.options import complete
-from app.train.stage import loss_vocabulary, training_shards
+from app.train.stage import loss_vocabulary, training_inputs
 from app.train.trainer import FeatureDataset, SubsetLMHead, TrainConfig, train
 
 # default unroll: the reference trains 7 steps; each step costs one more head forward and
@@ -191,9 +189,7 @@ def new_head(target, vocab_ids: torch.Tensor, layers: tuple[int, ...]):
 def run_training(args, work: Path, out: Path) -> dict:
     """Stage *train* with ``--arch eagle3``: train on every finished shard (they must carry the
     target-layer features), save the head to ``out`` in the official EAGLE-3 layout."""
-    args = complete(args)
-    target = loading.load_target(args.base_model, device=args.device, dtype="float32")
-    run_dir, paths, holdout = training_shards(args, work)
+    args, target, run_dir, paths, holdout = training_inputs(args, work)
     data = Eagle3Dataset(paths)
     log(f"train eagle3: {len(data)} conversations, {data.num_tokens} tokens in {len(paths)} shards, "
         f"target layers {list(data.layers)}")

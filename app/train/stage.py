@@ -34,11 +34,18 @@ def training_shards(args, work: Path) -> tuple[Path, list[Path], list[Path]]:
     return run_dir, [p for p in paths if p not in holdout], holdout
 
 
-def run_training(args, work: Path, out: Path) -> dict:
-    """Stage *train* of the CLI: train on every finished feature shard, save the head to ``out``."""
+def training_inputs(args, work: Path):
+    """What every head's *train* stage starts from: the completed options, the float32 target,
+    and the run folder with its training and held-out shards."""
     args = complete(args)
     target = loading.load_target(args.base_model, device=args.device, dtype="float32")
     run_dir, paths, holdout = training_shards(args, work)
+    return args, target, run_dir, paths, holdout
+
+
+def run_training(args, work: Path, out: Path) -> dict:
+    """Stage *train* of the CLI: train on every finished feature shard, save the head to ``out``."""
+    args, target, run_dir, paths, holdout = training_inputs(args, work)
     data = FeatureDataset(paths)
     log(f"train: {len(data)} conversations, {data.num_tokens} tokens in {len(paths)} shards, "
         f"feature std {data.feature_std:.3f}")
