@@ -205,7 +205,8 @@ def test_calibration_prompts_are_neither_eval_nor_training_prompts():
     """tau is measured on the built-in prompts, so they must not be questions the benchmark
     asks (the auto tree would be tuned on the test) nor prompts the head was trained on
     (acceptance there is optimistic): no exact match, no near-duplicate of either."""
-    from app.train.prompts import Prompt, build_prompts, ngrams, normalise
+    from app.train.eval_overlap import ngrams, normalise
+    from app.train.prompts import Prompt, build_prompts
     from tests.test_train import _assert_disjoint_from_eval, _jaccard
 
     calib = [Prompt(id=str(i), category="calibration", text=t) for i, t in enumerate(autotune.CALIBRATION_PROMPTS)]

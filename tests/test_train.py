@@ -13,7 +13,8 @@ import torch
 
 from app.engine.draft_head import DraftHead, head_config_for
 from app.train.data import FeatureShard, generate_with_features
-from app.train.prompts import EvalIndex, Prompt, build_prompts, eval_questions, ngrams, normalise
+from app.train.eval_overlap import EvalIndex, eval_questions, ngrams, normalise
+from app.train.prompts import Prompt, build_prompts
 from app.train.trainer import FeatureDataset, LossConfig, TrainConfig, head_loss, train, ttt_mask, validate
 from tests.tiny import tiny_target
 

@@ -14,7 +14,7 @@ from app.engine import factory
 from app.engine.config import SamplingConfig, TreeConfig, TreeShape
 from app.train.data import log
 from app.train.options import complete
-from app.train.prompts import EVAL_DIR
+from app.train.eval_overlap import EVAL_DIR
 
 
 def first_turns(name: str, n: int | None, eval_dir: Path = EVAL_DIR, offset: int = 0) -> list[str]:
