@@ -100,7 +100,8 @@ def train_check(device: torch.device, work: Path) -> dict:
     from app.engine.draft_head import DraftHead, head_config_for
     from app.train.data import generate_with_features
     from app.train.prompts import Prompt
-    from app.train.trainer import FeatureDataset, LossConfig, TrainConfig, train, validate
+    from app.train.loss import LossConfig
+    from app.train.trainer import FeatureDataset, TrainConfig, train, validate
     from tests.tiny import tiny_target
 
     cpu = tiny_target(seed=3)

@@ -47,7 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.engine.draft_head import DraftHead, head_config_for          # noqa: E402
 from app.train.data import FeatureShard                               # noqa: E402
-from app.train.trainer import FeatureDataset, LossConfig, TrainConfig, train, validate   # noqa: E402
+from app.train.loss import LossConfig   # noqa: E402
+from app.train.trainer import FeatureDataset, TrainConfig, train, validate   # noqa: E402
 
 VARIANTS = ("final", "layers")
 

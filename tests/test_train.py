@@ -15,7 +15,8 @@ from app.engine.draft_head import DraftHead, head_config_for
 from app.train.data import FeatureShard, generate_with_features
 from app.train.eval_overlap import EvalIndex, eval_questions, ngrams, normalise
 from app.train.prompts import Prompt, build_prompts
-from app.train.trainer import FeatureDataset, LossConfig, TrainConfig, head_loss, train, ttt_mask, validate
+from app.train.loss import LossConfig, head_loss, ttt_mask
+from app.train.trainer import FeatureDataset, TrainConfig, train, validate
 from tests.tiny import tiny_target
 
 
@@ -320,7 +321,7 @@ def test_eval_halves_pool_to_the_whole_set(tiny, tmp_path):
 def test_subset_lm_head_loss_is_the_full_loss_restricted_to_the_draft_tokens(tiny_data):
     """With ``SubsetLMHead`` the distribution term compares p and q renormalised over the
     draft tokens: the same numbers as full-vocabulary logits sliced to those tokens."""
-    from app.train.trainer import SubsetLMHead
+    from app.train.loss import SubsetLMHead
 
     target, data = tiny_data
     head = _head(target, seed=1)

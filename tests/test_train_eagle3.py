@@ -11,7 +11,8 @@ import torch
 
 from app.train.data import FeatureShard, generate_with_features
 from app.train.eagle3 import Eagle3Dataset, Eagle3LossConfig, eagle3_loss, new_head, ttt_step_mask
-from app.train.trainer import SubsetLMHead, TrainConfig, train
+from app.train.loss import SubsetLMHead
+from app.train.trainer import TrainConfig, train
 from tests.test_train import _tiny_prompts
 from tests.tiny import eagle3_target
 

@@ -105,7 +105,7 @@ def trained_eagle3_head(target: Target, seed: int = 0, steps: int = 100, seqs: i
     """A random EAGLE-3 head fitted for a few seconds to the target's greedy continuations
     with the training-time-test loss of app/train/eagle3.py (3 unrolled steps)."""
     from app.train.eagle3 import Eagle3LossConfig, eagle3_loss
-    from app.train.trainer import SubsetLMHead
+    from app.train.loss import SubsetLMHead
 
     head = random_eagle3_head(target, seed).train()
     g = torch.Generator().manual_seed(seed)

@@ -15,7 +15,8 @@ from app.engine.precision import bf16_is_native
 from app.train.data import log
 from app.train.draft_vocab import build
 from app.train.options import complete
-from app.train.trainer import FeatureDataset, LossConfig, TrainConfig, train, validate
+from app.train.loss import LossConfig
+from app.train.trainer import FeatureDataset, TrainConfig, train, validate
 
 
 def training_shards(args, work: Path) -> tuple[Path, list[Path], list[Path]]:
