@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from app.engine.config import KNOB, TreeConfig
+from app.engine.config import TreeConfig
+from app.engine.spec import KNOB
 
 _TREE = TreeConfig()
 

@@ -10,7 +10,8 @@ import json
 import sys
 
 from app.args import add_model_arguments, add_tree_arguments, thread_governor, tree_config_from, wants_auto_tree
-from app.engine.config import KNOB, METHODS, SamplingConfig, TreeConfig, TreeShape
+from app.engine.config import SamplingConfig, TreeConfig, TreeShape
+from app.engine.spec import KNOB, METHODS
 
 
 

@@ -248,7 +248,7 @@ def burst(url: str, n: int = 40, busy_tokens: int = 200, settings: dict | None =
     import httpx
     from gradio_client import Client
 
-    from app.engine.config import SETTING
+    from app.engine.spec import SETTING
     from app.ui.requests import SETTING_NAMES
 
     check_loopback(url)

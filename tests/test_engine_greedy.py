@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from app.engine.config import HEAD_METHODS, SamplingConfig, TreeConfig
+from app.engine.config import SamplingConfig, TreeConfig
+from app.engine.spec import HEAD_METHODS
 from app.engine.engine import Engine
 from tests.tiny import random_head
 

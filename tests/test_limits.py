@@ -327,7 +327,7 @@ def test_each_client_has_a_share_of_the_queue(serve):
     import httpx
     from gradio_client import Client
 
-    from app.engine.config import SETTING
+    from app.engine.spec import SETTING
     from app.ui.requests import SETTING_NAMES
 
     url, _ = serve(PublicLimits(queued_per_client=2, trusted_proxies=LOOPBACK))

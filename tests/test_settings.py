@@ -1,4 +1,4 @@
-"""The one specification of a request's settings (``app.engine.config.SETTINGS``) and what is
+"""The one specification of a request's settings (``app.engine.spec.SETTINGS``) and what is
 derived from it: the engine's range checks, which methods each knob shapes (checked against
 the tree policies themselves), the page's parser, controls, trace schema and API signature,
 and a short message naming the field for any value a stranger can send."""
@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from app.engine.config import (METHODS, SETTING, SETTINGS, TREE_METHODS, GenerationLimits, SamplingConfig,
-                               TreeConfig, check_max_new_tokens, check_prompt, shown)
+from app.engine.config import GenerationLimits, SamplingConfig, TreeConfig, check_max_new_tokens, check_prompt
+from app.engine.spec import METHODS, SETTING, SETTINGS, TREE_METHODS, shown
 from app.engine.engine import Engine
 from app.engine.tree import grow_tree
 from app.ui import handlers, traces
@@ -326,7 +326,7 @@ def test_a_huge_replay_index_shows_the_last_step(finished_session):
 def test_a_value_outside_a_controls_range_is_refused_naming_that_range(name, value):
     """Refusal, not clamping, the same for the page and the API: the message names the range
     the control offers (the field's maximum: 128 nodes, not the engine's 256)."""
-    from app.engine.config import SETTING
+    from app.engine.spec import SETTING
     from app.ui.requests import build_request
     from app.ui.settings import ServerConfig
 

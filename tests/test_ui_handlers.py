@@ -827,7 +827,7 @@ def test_the_page_load_shows_the_first_demo_but_keeps_the_pages_tree(ctx):
     controls, but the method, the tree knobs, adapt and the preset menu stay the page's: the
     first Generate runs the tree the header names for this machine, not the demo's. The
     Load-demo button restores every knob."""
-    from app.engine.config import SETTING
+    from app.engine.spec import SETTING
     from app.ui.blocks import TREE_SETTINGS, build_demo, control_value, page_defaults
     from app.ui.requests import AUTO_PRESET
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from app.bench.prompts import load_suite, parse_suites
 from app.bench.runners import ALL_METHODS, parse_methods, run_one
-from app.engine.config import KNOB
+from app.engine.spec import KNOB
 
 DEFAULT_METHODS = ",".join(m for m in ALL_METHODS if m not in ("hf-fp32", "medusa"))   # medusa: its own heads
 QUICK = {"suite": "mt_bench", "limit": 2, "max_new_tokens": 32, "methods": "hf,vanilla,dynamic", "warmup_tokens": 8}

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from app.engine.config import HEAD_METHODS, METHODS, SamplingConfig, TreeConfig, TreeShape
+from app.engine.config import SamplingConfig, TreeConfig, TreeShape
+from app.engine.spec import HEAD_METHODS, METHODS
 
 # hf-fp32 / hf-bf16: plain generate on a float32 / bfloat16 copy of the target (the engine's
 # own target when it has that dtype), so one run reports its ratio to plain decoding in both.

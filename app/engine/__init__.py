@@ -5,11 +5,13 @@ the page's plots can import it cheaply; import the engine itself from its module
 (``from app.engine.factory import load_engine``, ``from app.engine.engine import Engine``).
 
 Exported here:
-    METHODS, TreeConfig, SamplingConfig, GenerationLimits   validated settings (config.py)
+    METHODS                                                 the method names (spec.py)
+    TreeConfig, SamplingConfig, GenerationLimits            validated settings (config.py)
     StepEvent, DraftTreeRecord, RunSummary                  the step records (events.py)
 
 Modules:
-    config.py       every knob of a request, once (``SPEC``), and the config classes that check them
+    spec.py         every knob of a request, once (``SPEC``: ``Setting``, ``SETTINGS``, ``KNOB``), the method names
+    config.py       the config classes that hold a request's values and check them against ``SPEC``
     events.py       the step records: the only thing that crosses from the engine to its consumers
     engine.py       ``Engine``: the decoding loop (prefill, draft, verify, accept, commit)
     factory.py      ``load_engine``: target + draft head + draft vocabulary + Medusa heads
@@ -29,8 +31,9 @@ Modules:
     autotune.py     the tree size this machine verifies fastest per token (T(n), tau(d, N), the choice)
     adapt.py        moving between candidate trees while decoding, by measured tokens/s
 """
-from app.engine.config import METHODS, SamplingConfig, TreeConfig, GenerationLimits
+from app.engine.config import GenerationLimits, SamplingConfig, TreeConfig
 from app.engine.events import DraftTreeRecord, RunSummary, StepEvent
+from app.engine.spec import METHODS
 
 __all__ = [
     "METHODS", "SamplingConfig", "TreeConfig", "GenerationLimits",

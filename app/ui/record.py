@@ -15,7 +15,7 @@ from dataclasses import replace
 import os
 import sys
 
-from app.engine.config import KNOB
+from app.engine.spec import KNOB
 from app.ui import handlers, traces
 from app.ui.explain import EXAMPLES
 from app.ui.session import Session

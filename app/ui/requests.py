@@ -14,8 +14,8 @@ import threading
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
 
-from app.engine.config import (SETTING, SETTINGS, SamplingConfig, TreeConfig, check_max_new_tokens, check_prompt,
-                               shown)
+from app.engine.config import SamplingConfig, TreeConfig, check_max_new_tokens, check_prompt
+from app.engine.spec import SETTING, SETTINGS, shown
 
 # The settings of a request, in the order the page's generate event (and its API) takes them.
 SETTING_NAMES = tuple(s.name for s in SETTINGS)

@@ -29,7 +29,8 @@ from typing import Annotated, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
-from app.engine.config import MAX_DEPTH, MAX_TOTAL_TOKENS, METHODS, SETTINGS, SPEC, SamplingConfig, TreeConfig, TreeShape
+from app.engine.config import SamplingConfig, TreeConfig, TreeShape
+from app.engine.spec import MAX_DEPTH, MAX_TOTAL_TOKENS, METHODS, SETTINGS, SPEC
 from app.engine.drafters.registry import DEFAULT_HEAD_KIND, DRAFTER_LABELS
 from app.engine.events import STATUSES, DraftTreeRecord, RunSummary, StepEvent
 from app.engine.verify import GREEDY, RULES, rule_for

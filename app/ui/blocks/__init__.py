@@ -62,7 +62,8 @@ import contextlib  # noqa: F401,E402
 import inspect  # noqa: F401,E402
 from dataclasses import dataclass  # noqa: F401,E402
 
-from app.engine.config import SETTING, SETTINGS, Setting, TreeConfig  # noqa: F401,E402
+from app.engine.config import TreeConfig  # noqa: F401,E402
+from app.engine.spec import SETTING, SETTINGS, Setting  # noqa: F401,E402
 from app.ui import methods, traces  # noqa: F401,E402
 from app.ui.explain import EXAMPLES, HOW_IT_WORKS, HOW_IT_WORKS_VIEWS, WHAT_IS_THIS, header_markdown  # noqa: F401,E402
 from app.ui.requests import (AUTO_PRESET, CUSTOM_PRESET, METHOD_KNOBS, SETTING_NAMES, SWEEP_KNOBS,  # noqa: F401,E402

@@ -10,7 +10,8 @@ import inspect
 
 import gradio as gr
 
-from app.engine.config import SETTINGS, TreeConfig
+from app.engine.config import TreeConfig
+from app.engine.spec import SETTINGS
 from app.ui import handlers, methods
 from app.ui.requests import SETTING_NAMES, TREE_KNOBS, Checked
 from app.ui.settings import gpu

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import gradio as gr
 
-from app.engine.config import SETTING, TreeConfig
+from app.engine.config import TreeConfig
+from app.engine.spec import SETTING
 from app.ui.blocks.api import page_errors
 from app.ui.blocks.layout import SAMPLING_ONLY, Components, sampling_note
 from app.ui.requests import METHOD_KNOBS, preset_of, tree_preset

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from app.engine.config import SETTING, SETTINGS, Setting
+from app.engine.spec import SETTING, SETTINGS, Setting
 from app.ui import handlers, methods
 from app.ui.blocks.api import ACCORDIONS, FOLDED, page_defaults
 from app.ui.explain import EXAMPLES, HOW_IT_WORKS, HOW_IT_WORKS_VIEWS, WHAT_IS_THIS, header_markdown

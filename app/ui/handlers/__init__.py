@@ -42,7 +42,8 @@ from app.ui.handlers.views import (TREE_PX, _rate, _switch_reasons, final_view, 
                                    step_view)
 
 # names the module imported before it was split, still importable from here
-from app.engine.config import SETTING, TreeConfig, shown  # noqa: F401,E402
+from app.engine.config import TreeConfig  # noqa: F401,E402
+from app.engine.spec import SETTING, shown  # noqa: F401,E402
 from app.engine.events import StepEvent, decoding_steps  # noqa: F401,E402
 from app.engine.threads import engine_probe  # noqa: F401,E402
 from app.ui.limits import kv_bytes, upload_folder  # noqa: F401,E402

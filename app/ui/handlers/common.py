@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from app.engine.config import shown
+from app.engine.spec import shown
 from app.engine.threads import engine_probe
 from app.ui.requests import SETTING_NAMES, Request, build_request, setting_of
 from app.ui.settings import AppContext

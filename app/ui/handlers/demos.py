@@ -2,7 +2,7 @@
 like an uploaded one (``replay.show_trace``)."""
 from __future__ import annotations
 
-from app.engine.config import shown
+from app.engine.spec import shown
 from app.ui import traces
 from app.ui.handlers.replay import _live_model, show_trace
 from app.ui.session import Session

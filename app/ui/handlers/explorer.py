@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from app.engine.config import SETTING, shown
+from app.engine.spec import SETTING, shown
 from app.ui.handlers import common
 from app.ui.requests import SWEEP_KNOBS, Request, build_request
 from app.ui.session import Session

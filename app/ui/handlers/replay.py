@@ -9,7 +9,7 @@ import os
 import time
 import uuid
 
-from app.engine.config import shown
+from app.engine.spec import shown
 from app.engine.events import StepEvent
 from app.ui import traces
 from app.ui.handlers.common import _model_info
