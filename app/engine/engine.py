@@ -1,6 +1,6 @@
 """The decoding loop: draft -> verify -> accept -> commit -> record, one StepEvent per target forward.
 
-State of a generation (``_Run``), with x the committed tokens (prompt + output, m of them):
+State of a generation (``_Run``, run_state.py), with x the committed tokens (prompt + output, m of them):
 
     target cache   holds x[0 .. m-2]: every committed token but the last (the *root*),
                    which is fed at the start of the next verify forward
@@ -16,7 +16,8 @@ token from its last row, as plain decoding does; from step 1 on, every step is f
     draft    the head reads the pending pairs; its last output predicts the feature at the
              root, whose LM-head distribution proposes the root's children; each further
              level feeds (predicted parent feature, child token) — tree.grow_tree decides
-             which nodes to expand. Then the head's in-step entries are cropped away.
+             which nodes to expand (head_draft.py: ``read_pending``, ``HeadDrafting``).
+             Then the head's in-step entries are cropped away.
     verify   ONE target forward over [root, node 0, ..., node N-1] with a tree attention mask
              (each node sees the prefix, the root and its own ancestors) and position ids
              prefix_len + depth.
@@ -36,8 +37,6 @@ replace the head in ``draft`` and read the verify forward after ``commit``; the 
 """
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
 from typing import Iterator
 
 import torch
@@ -46,9 +45,11 @@ from app.engine import drafters, forward, kernels, kv, verify
 from app.engine.config import (GenerationLimits, SamplingConfig, TreeConfig, check_max_new_tokens,
                                check_prompt)
 from app.engine.events import DraftTreeRecord, RunSummary, StepEvent, summarize
+from app.engine.head_draft import HeadDrafting, read_pending
 from app.engine.loading import Target
 from app.engine.rowwise import RowwiseDraftHead, RowwiseLlamaDecoder
-from app.engine.tree import ROOT, DraftTree, grow_tree, proposals_needed, tree_attention_mask
+from app.engine.run_state import PhaseClock, _Run, _Verified
+from app.engine.tree import DraftTree, grow_tree, tree_attention_mask
 
 
 # Verify rows up to which the target's LM head runs over every row in one call (see verify).
@@ -56,126 +57,6 @@ from app.engine.tree import ROOT, DraftTree, grow_tree, proposals_needed, tree_a
 # one call over 1 / 2 / 3 / 4 rows 5.4 / 5.5 / 6.6 / 10.9 ms, two 1-row calls 10.9 ms. So for
 # the 1-2 node trees that are fastest there, one batch beats "parents first, leaf on demand".
 LM_HEAD_ALL_ROWS_UP_TO = 3
-
-
-@dataclass
-class _Run:
-    """Everything one generation owns (never stored on the model, so runs cannot leak)."""
-
-    tokens: list[int]                  # committed sequence x: prompt + generated
-    target_cache: object               # transformers DynamicCache over x[:-1] (kv.PreallocatedLayer buffers)
-    draft_cache: object | None         # the head's cache (same kind), or None for vanilla
-    pending_features: torch.Tensor | None  # (1, P, H) features f[j] of pairs not yet read by the head
-                                           # (EAGLE-3: (1, P, 3H), the target's low/mid/high layers)
-    pending_tokens: list[int]          # the P tokens x[j+1] of those pairs
-    generator: torch.Generator
-    text: str = ""                     # decoded generated text so far (so each step decodes once)
-    drafter: object | None = None      # pld / lookahead / medusa: their per-run state (app/engine/drafters)
-
-
-@dataclass
-class _Verified:
-    """What one verify forward produced: rows are [root, node 0, ..., node N-1]."""
-
-    prefix: int                        # committed tokens before the root (= target cache length)
-    root: int
-    hidden: torch.Tensor               # (1, N+1, H) the target's features at every row
-    draft_features: torch.Tensor       # (1, N+1, H or 3H) what the head reads of each row: hidden, or
-                                       # EAGLE-3's low/mid/high layers from the same forward
-    lm_rows: list[int]                 # rows whose logits were computed in one batch
-    batch: torch.Tensor                # (len(lm_rows), V) their logits
-    logits: verify.LazyRows            # logits[row] (V,), the rest computed on demand
-
-
-class PhaseClock:
-    """Milliseconds between laps, with the device synchronised so that a lap covers work that
-    has finished (CUDA runs asynchronously; on a CPU ``sync`` does nothing)."""
-
-    def __init__(self, device: torch.device):
-        self._sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-        self.start = self._last = time.perf_counter()
-        self.ms: dict[str, float] = {}
-
-    def lap(self, name: str) -> None:
-        self._sync()
-        now = time.perf_counter()
-        self.ms[name] = (now - self._last) * 1e3
-        self._last = now
-
-    @property
-    def total_ms(self) -> float:
-        return (self._last - self.start) * 1e3
-
-
-class _Drafting:
-    """One step's drafting state, and ``propose``, the callback ``tree.grow_tree`` calls once
-    per level to get each frontier node's candidate children.
-
-    Positions in the head's cache: the head has read the pairs (f[j], x[j+1]) for
-    j < ``prefix``; the root is x[prefix], so a node at depth d is x[prefix + d], and the pair
-    that feeds it to the head, (f̂[prefix + d - 1], x[prefix + d]), sits at position
-    ``prefix + d - 1`` (``_pair_position``).
-    """
-
-    def __init__(self, engine: "Engine", run: _Run, cfg: TreeConfig, sampling: SamplingConfig,
-                 root_feature: torch.Tensor, prefix: int):
-        self.engine, self.run, self.sampling = engine, run, sampling
-        self.cache = run.draft_cache
-        self.root_feature = root_feature        # (1, 1, H) predicted feature at the root
-        self.prefix = prefix                    # the head's committed length
-        self.node_feature: dict[int, torch.Tensor] = {}   # node -> its predicted feature (H,)
-        self.node_slot: dict[int, int] = {}               # node -> its entry in the head's cache
-        self.k = proposals_needed(cfg)
-        self.sampled_chain = cfg.samples_drafts(sampling)
-        self.chain_q: list[torch.Tensor] = []   # sampled chain: q (V,) each node was drawn from
-
-    def _pair_position(self, node_depth: int) -> int:
-        return self.prefix + node_depth - 1
-
-    def _features(self, tree: DraftTree, frontier: list[int], depth: int) -> torch.Tensor:
-        """(F, H) predicted features of the frontier nodes (at depth - 1): one head forward
-        over their (parent feature, token) pairs; each attends to the committed pairs and to
-        its own ancestors' in-step entries."""
-        if frontier == [ROOT]:
-            return self.root_feature[0]                                                 # (1, H)
-        device, cache, head = self.engine.target.device, self.cache, self.engine.head
-        tokens = torch.tensor([[tree.tokens[n] for n in frontier]], device=device)        # (1, F)
-        parent_feats = torch.stack([self.root_feature[0, 0] if tree.parents[n] == ROOT
-                                    else self.node_feature[tree.parents[n]] for n in frontier])[None]  # (1, F, H)
-        length = kv.cache_length(cache)
-        mask = torch.zeros(len(frontier), length + len(frontier), dtype=torch.bool, device=device)
-        mask[:, :self.prefix] = True
-        for row, n in enumerate(frontier):
-            for a in tree.ancestors(n):
-                mask[row, self.node_slot[a]] = True
-            mask[row, length + row] = True
-        pos = torch.full((1, len(frontier)), self._pair_position(depth - 1), device=device)
-        out = self.engine.draft_forward(head.embed(tokens, self.engine.embedding), parent_feats, pos,
-                                        mask[None, None], cache)
-        feats = out[0]                                                                 # (F, H)
-        for row, n in enumerate(frontier):
-            self.node_feature[n] = feats[row]
-            self.node_slot[n] = length + row
-        return feats
-
-    def propose(self, tree: DraftTree, frontier: list[int], depth: int):
-        """For each frontier node: (q of its candidate children, their token ids)."""
-        engine = self.engine
-        draft_logits = engine._draft_logits(self._features(tree, frontier, depth))      # (F, V or Vd)
-        if self.sampled_chain:
-            q = verify.logits_to_probs(draft_logits, self.sampling)[0]                  # (V or Vd,)
-            j = verify.sample(q, self.run.generator)   # drawn over the draft vocabulary: no 49k-way draw
-            tok = j if engine.draft_vocab is None else int(engine.draft_vocab[j])
-            q_j = float(q[j])
-            if engine.draft_vocab is not None:   # q over the full vocabulary, 0 outside the draft set
-                q = torch.zeros(engine.lm_head.weight.shape[0], device=q.device).index_copy_(0, engine.draft_vocab, q)
-            self.chain_q.append(q)
-            return [[q_j]], [[tok]]
-        # q of the k best children: exp(logit - logsumexp), no full softmax written
-        top = torch.topk(draft_logits, min(self.k, draft_logits.shape[-1]), dim=-1)
-        q_top = torch.exp(top.values.float() - torch.logsumexp(draft_logits.float(), dim=-1, keepdim=True))
-        ids = top.indices if engine.draft_vocab is None else engine.draft_vocab[top.indices]
-        return q_top.tolist(), ids.tolist()
 
 
 class Engine:
@@ -385,30 +266,14 @@ class Engine:
             return DraftTree(), None
         if run.drafter is not None:            # pld / lookahead / medusa: fixed candidates, no q to sample from
             return run.drafter.draft(self, run, cfg), None
-        root_feature, prefix = self._read_pending(run)
+        root_feature, prefix = read_pending(self, run)
         if root_feature is None:
             return DraftTree(), None  # a one-token prompt: no feature to draft from yet
-        drafting = _Drafting(self, run, cfg, sampling, root_feature, prefix)
+        drafting = HeadDrafting(self, run, cfg, sampling, root_feature, prefix)
         tree = grow_tree(cfg, drafting.propose)
         kv.crop(run.draft_cache, prefix)          # drop the in-step entries: only committed pairs stay
         q = torch.stack(drafting.chain_q[: len(tree)]) if drafting.sampled_chain and len(tree) else None
         return tree, q
-
-    def _read_pending(self, run: _Run) -> tuple[torch.Tensor | None, int]:
-        """The head reads the pending pairs (causal among themselves, all of its cache before
-        them). Returns its last output, the predicted feature at the root (1, 1, H), and the
-        head's committed length after reading."""
-        cache, device = run.draft_cache, self.target.device
-        base = kv.cache_length(cache)
-        n_pending = len(run.pending_tokens)
-        if n_pending == 0:
-            return None, base
-        emb = self.head.embed(torch.tensor([run.pending_tokens], device=device), self.embedding)   # (1, P, H)
-        pos = torch.arange(base, base + n_pending, device=device)[None]                              # (1, P)
-        mask = torch.ones(n_pending, base + n_pending, dtype=torch.bool, device=device).tril(base)[None, None]
-        out = self.draft_forward(emb, run.pending_features, pos, mask, cache)                       # (1, P, H)
-        run.pending_features, run.pending_tokens = None, []
-        return out[:, -1:], base + n_pending
 
     def _draft_logits(self, feats: torch.Tensor) -> torch.Tensor:
         """(F, H) predicted features -> (F, V) logits, or (F, Vd) over the draft vocabulary

@@ -1,0 +1,119 @@
+"""The EAGLE head's side of the draft verb: read the pending pairs, then grow the tree level by level.
+
+Notation (EAGLE, 2401.15077): x are the committed tokens, f[j] the target's feature at j (the
+last hidden state; EAGLE-3: its low/mid/high layers, 3H wide), f̂ the head's prediction of a
+feature. The head reads pairs (f[j], x[j+1]) and predicts f̂[j+1], whose LM-head distribution
+q proposes x[j+2].
+
+``read_pending`` feeds the head the pairs the last step committed (their *true* features,
+from the verify forward); its last output is f̂ at the root, whose q proposes the root's
+children. ``HeadDrafting.propose`` is the per-level callback of ``tree.grow_tree``: one head
+forward over the frontier's (predicted parent feature, token) pairs, each attending to the
+committed pairs and to its own ancestors' in-step entries, then q's top-k children of each
+(EAGLE-2's expansion), or one child sampled from q for a sampled chain. ``Engine.draft``
+(engine.py) strings these together and crops the in-step entries afterwards. The head's
+forward and LM head are reached through the engine (``engine.draft_forward``,
+``engine._draft_logits``), which picks them once: the fast kernels or the head itself, the
+full vocabulary or the draft vocabulary.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from app.engine import kv, verify
+from app.engine.config import SamplingConfig, TreeConfig
+from app.engine.run_state import _Run
+from app.engine.tree import ROOT, DraftTree, proposals_needed
+
+if TYPE_CHECKING:   # for the annotations only: engine.py imports this module
+    from app.engine.engine import Engine
+
+
+def read_pending(engine: Engine, run: _Run) -> tuple[torch.Tensor | None, int]:
+    """The head reads the pending pairs (causal among themselves, all of its cache before
+    them). Returns its last output, the predicted feature at the root (1, 1, H), and the
+    head's committed length after reading."""
+    cache, device = run.draft_cache, engine.target.device
+    base = kv.cache_length(cache)
+    n_pending = len(run.pending_tokens)
+    if n_pending == 0:
+        return None, base
+    emb = engine.head.embed(torch.tensor([run.pending_tokens], device=device), engine.embedding)   # (1, P, H)
+    pos = torch.arange(base, base + n_pending, device=device)[None]                                # (1, P)
+    mask = torch.ones(n_pending, base + n_pending, dtype=torch.bool, device=device).tril(base)[None, None]
+    out = engine.draft_forward(emb, run.pending_features, pos, mask, cache)                        # (1, P, H)
+    run.pending_features, run.pending_tokens = None, []
+    return out[:, -1:], base + n_pending
+
+
+class HeadDrafting:
+    """One step's drafting state, and ``propose``, the callback ``tree.grow_tree`` calls once
+    per level to get each frontier node's candidate children.
+
+    Positions in the head's cache: the head has read the pairs (f[j], x[j+1]) for
+    j < ``prefix``; the root is x[prefix], so a node at depth d is x[prefix + d], and the pair
+    that feeds it to the head, (f̂[prefix + d - 1], x[prefix + d]), sits at position
+    ``prefix + d - 1`` (``_pair_position``).
+    """
+
+    def __init__(self, engine: Engine, run: _Run, cfg: TreeConfig, sampling: SamplingConfig,
+                 root_feature: torch.Tensor, prefix: int):
+        self.engine, self.run, self.sampling = engine, run, sampling
+        self.cache = run.draft_cache
+        self.root_feature = root_feature        # (1, 1, H) predicted feature at the root
+        self.prefix = prefix                    # the head's committed length
+        self.node_feature: dict[int, torch.Tensor] = {}   # node -> its predicted feature (H,)
+        self.node_slot: dict[int, int] = {}               # node -> its entry in the head's cache
+        self.k = proposals_needed(cfg)
+        self.sampled_chain = cfg.samples_drafts(sampling)
+        self.chain_q: list[torch.Tensor] = []   # sampled chain: q (V,) each node was drawn from
+
+    def _pair_position(self, node_depth: int) -> int:
+        return self.prefix + node_depth - 1
+
+    def _features(self, tree: DraftTree, frontier: list[int], depth: int) -> torch.Tensor:
+        """(F, H) predicted features of the frontier nodes (at depth - 1): one head forward
+        over their (parent feature, token) pairs; each attends to the committed pairs and to
+        its own ancestors' in-step entries."""
+        if frontier == [ROOT]:
+            return self.root_feature[0]                                                 # (1, H)
+        device, cache, head = self.engine.target.device, self.cache, self.engine.head
+        tokens = torch.tensor([[tree.tokens[n] for n in frontier]], device=device)        # (1, F)
+        parent_feats = torch.stack([self.root_feature[0, 0] if tree.parents[n] == ROOT
+                                    else self.node_feature[tree.parents[n]] for n in frontier])[None]  # (1, F, H)
+        length = kv.cache_length(cache)
+        mask = torch.zeros(len(frontier), length + len(frontier), dtype=torch.bool, device=device)
+        mask[:, :self.prefix] = True
+        for row, n in enumerate(frontier):
+            for a in tree.ancestors(n):
+                mask[row, self.node_slot[a]] = True
+            mask[row, length + row] = True
+        pos = torch.full((1, len(frontier)), self._pair_position(depth - 1), device=device)
+        out = self.engine.draft_forward(head.embed(tokens, self.engine.embedding), parent_feats, pos,
+                                        mask[None, None], cache)
+        feats = out[0]                                                                 # (F, H)
+        for row, n in enumerate(frontier):
+            self.node_feature[n] = feats[row]
+            self.node_slot[n] = length + row
+        return feats
+
+    def propose(self, tree: DraftTree, frontier: list[int], depth: int):
+        """For each frontier node: (q of its candidate children, their token ids)."""
+        engine = self.engine
+        draft_logits = engine._draft_logits(self._features(tree, frontier, depth))      # (F, V or Vd)
+        if self.sampled_chain:
+            q = verify.logits_to_probs(draft_logits, self.sampling)[0]                  # (V or Vd,)
+            j = verify.sample(q, self.run.generator)   # drawn over the draft vocabulary: no 49k-way draw
+            tok = j if engine.draft_vocab is None else int(engine.draft_vocab[j])
+            q_j = float(q[j])
+            if engine.draft_vocab is not None:   # q over the full vocabulary, 0 outside the draft set
+                q = torch.zeros(engine.lm_head.weight.shape[0], device=q.device).index_copy_(0, engine.draft_vocab, q)
+            self.chain_q.append(q)
+            return [[q_j]], [[tok]]
+        # q of the k best children: exp(logit - logsumexp), no full softmax written
+        top = torch.topk(draft_logits, min(self.k, draft_logits.shape[-1]), dim=-1)
+        q_top = torch.exp(top.values.float() - torch.logsumexp(draft_logits.float(), dim=-1, keepdim=True))
+        ids = top.indices if engine.draft_vocab is None else engine.draft_vocab[top.indices]
+        return q_top.tolist(), ids.tolist()
