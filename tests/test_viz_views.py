@@ -20,7 +20,8 @@ from app.engine.engine import Engine
 from app.engine.events import DraftTreeRecord, StepEvent, acceptance_by_depth, summarize
 from app.engine.tree import tree_attention_mask
 from app.viz import compare, tree as tree_view, verify_view
-from app.viz.tree import display_order, fold_tree, tree_figure
+from app.viz.tree import tree_figure
+from app.viz.tree_layout import display_order, fold_tree
 from app.viz.verify_view import TAIL_SLOTS, kv_figure, kv_plan, lit_tree_cells, mask_figure, mask_grid
 
 

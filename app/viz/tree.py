@@ -1,11 +1,8 @@
 """The draft tree of one step as a plotly figure.
 
-Layout: an *outline*, like a file browser. Every drawn node has its own row (a depth-first
-walk, the accepted path first) and sits in the column of its depth (root = column 0). Each
-label sits to the right of its node, on that node's row, and nothing else is ever drawn on a
-row to the right of its node, so labels cannot collide and no edge can strike one through:
-an edge leaves its parent straight down (at the parent's x, left of every label below it)
-and turns right into the child on the child's own row.
+Layout: an *outline*, like a file browser: one row per drawn node, in the column of its
+depth, each label right of its node on its own row (``tree_layout.py`` places the nodes and
+says why labels and edges cannot collide).
 
 Drawing: EVERY draft node is filled with its own q, the head's probability of that token at
 its branch, on a fixed log scale from 0.001 to 1 (``q_colour``; the path product, EAGLE-2's
@@ -22,9 +19,10 @@ The target's bonus token hangs from the last accepted node as a blue diamond (th
 node). Labels are truncated to ``LABEL_CHARS`` characters; hover shows the full token, q, p,
 the path's confidence, depth, position and status.
 
-Big trees: above ``fold_above`` nodes (EAGLE-2's 60-node trees, say) the tree is folded
-around the accepted path: the path, the best ``max_siblings`` alternatives at each of its
-levels, and one grey "+N more" node per path node that counts everything else hanging there.
+Big trees: above ``FOLD_ABOVE`` nodes (EAGLE-2's 60-node trees, say) the tree is folded
+around the accepted path (``tree_layout.fold_tree``): the path, the best ``max_siblings``
+alternatives at each of its levels, and one grey "+N more" node per path node that counts
+everything else hanging there.
 ``fold=False`` draws every node (the figure grows ``ROW_PX`` per node: the page scrolls).
 """
 from __future__ import annotations
@@ -32,24 +30,19 @@ from __future__ import annotations
 import html
 import math
 import unicodedata
-from dataclasses import dataclass, field
 
-import networkx as nx
 import plotly.graph_objects as go
 
 from app.engine.drafters.registry import DRAFTER_LABELS
 from app.engine.events import StepEvent
 from app.viz import style
 from app.viz.stream import split_step_text
-
-ROOT_ID = "root"
-BONUS_ID = "bonus"
+from app.viz.tree_layout import BONUS_ID, MAX_SIBLINGS, TreeLayout, accepted_path, tree_layout
 
 LABEL_CHARS = 16        # longer tokens are cut (the full token is in the hover)
 FONT_PX = 11            # label font size; labels use a monospace font (widths are predictable)
 ROW_PX = 20             # vertical pixels per outline row: > a label's line height (~1.3 x FONT_PX)
 FOLD_ABOVE = 30         # trees with more nodes than this are folded around the accepted path
-MAX_SIBLINGS = 4        # folded: alternatives shown per accepted-path level
 MARGIN = dict(l=16, t=86, b=12)   # title, its second line, the depth labels (rotated on a phone)
 COLORBAR_PX = 80        # room for the colour bar right of the labels
 MIN_HEIGHT = 220
@@ -95,119 +88,6 @@ def label_width_px(label: str, font_px: float = FONT_PX) -> float:
     0.6 em per character, 1 em for East Asian wide characters."""
     text = html.unescape(label.replace("<b>", "").replace("</b>", ""))
     return sum(font_px * (1.0 if unicodedata.east_asian_width(c) in "WF" else 0.6) for c in text)
-
-
-# --- which nodes are drawn, and in which rows -----------------------------------------------
-
-def _children(parents: list[int]) -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {-1: []}
-    for i, p in enumerate(parents):
-        kids.setdefault(p, []).append(i)
-        kids.setdefault(i, [])
-    return kids
-
-
-def _descendants(kids: dict[int, list[int]], node: int) -> list[int]:
-    out, stack = [], list(kids[node])
-    while stack:
-        n = stack.pop()
-        out.append(n)
-        stack.extend(kids[n])
-    return out
-
-
-def accepted_path(step: StepEvent) -> list[int]:
-    """The accepted node indices from the root down."""
-    tree = step.tree
-    return sorted((i for i, s in enumerate(tree.status) if s == "accepted"), key=lambda i: tree.depths[i])
-
-
-def _ordered(kids: list[int], status: list[str], confidence: list[float]) -> list[int]:
-    """Children in drawing order: the accepted one first, then by confidence (best first)."""
-    return sorted(kids, key=lambda c: (status[c] != "accepted", -confidence[c], c))
-
-
-def display_order(parents: list[int], status: list[str], confidence: list[float]) -> list[int]:
-    """All node indices in depth-first order, the accepted child first at every level, then
-    siblings by confidence. Ancestors always come before their descendants, and the accepted
-    path takes the first places: the order of the outline's rows and of the mask view."""
-    kids = _children(parents)
-    out: list[int] = []
-    stack = list(reversed(_ordered(kids[-1], status, confidence)))
-    while stack:
-        node = stack.pop()
-        out.append(node)
-        stack.extend(reversed(_ordered(kids[node], status, confidence)))
-    return out
-
-
-def fold_tree(step: StepEvent, max_siblings: int = MAX_SIBLINGS) -> tuple[set[int], dict[int, list[int]]]:
-    """Fold a tree around its accepted path: (drawn nodes, {path node or -1: folded nodes}).
-
-    Drawn: the accepted path, and at each path node (and the root) its best ``max_siblings``
-    other children. Every other node is counted in exactly one fold: that of the nearest
-    path node above it. So drawn + folded is every node, once."""
-    tree = step.tree
-    kids = _children(tree.parents)
-    path = accepted_path(step)
-    drawn = set(path)
-    folded: dict[int, list[int]] = {}
-    for spine in [-1] + path:
-        others = [c for c in _ordered(kids[spine], tree.status, tree.confidence) if tree.status[c] != "accepted"]
-        shown = others[:max_siblings]
-        drawn.update(shown)
-        hidden = []
-        for c in others:
-            hidden += ([] if c in shown else [c]) + _descendants(kids, c)
-        if hidden:
-            folded[spine] = sorted(hidden)
-    return drawn, folded
-
-
-@dataclass
-class TreeLayout:
-    """Rows of the outline. Keys: draft node index, ``ROOT_ID``, ``BONUS_ID`` or ("fold", parent)."""
-
-    rows: list = field(default_factory=list)          # keys, top to bottom
-    parent: dict = field(default_factory=dict)        # key -> parent key
-    column: dict = field(default_factory=dict)        # key -> depth column
-    folded: dict = field(default_factory=dict)        # path node (-1 = root) -> folded node indices
-
-    def xy(self, key) -> tuple[float, float]:
-        return float(self.column[key]), -float(self.rows.index(key))
-
-
-def tree_layout(step: StepEvent, bonus_parent: int | None, fold: bool,
-                max_siblings: int = MAX_SIBLINGS) -> TreeLayout:
-    """The outline's rows: a depth-first walk of a networkx ``DiGraph`` whose children are
-    added in drawing order (bonus, accepted child, siblings by confidence, the fold node)."""
-    tree = step.tree
-    if fold:
-        drawn, folded = fold_tree(step, max_siblings)
-    else:
-        drawn, folded = set(range(len(tree))), {}
-    kids = _children(tree.parents)
-    key = lambda i: ROOT_ID if i < 0 else i   # noqa: E731
-    g = nx.DiGraph()
-    g.add_node(ROOT_ID)
-    out = TreeLayout(folded=folded)
-    out.column[ROOT_ID] = 0
-    for node in [-1] + display_order(tree.parents, tree.status, tree.confidence):
-        if node >= 0 and node not in drawn:
-            continue
-        depth = 0 if node < 0 else tree.depths[node]
-        if bonus_parent == node:
-            g.add_edge(key(node), BONUS_ID)
-            out.parent[BONUS_ID], out.column[BONUS_ID] = key(node), depth + 1
-        for c in _ordered(kids[node], tree.status, tree.confidence):
-            if c in drawn:
-                g.add_edge(key(node), c)
-                out.parent[c], out.column[c] = key(node), depth + 1
-        if node in folded:
-            g.add_edge(key(node), ("fold", node))
-            out.parent[("fold", node)], out.column[("fold", node)] = key(node), depth + 1
-    out.rows = list(nx.dfs_preorder_nodes(g, ROOT_ID))
-    return out
 
 
 # --- the figure -------------------------------------------------------------------------------

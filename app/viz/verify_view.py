@@ -25,7 +25,8 @@ from app.engine.events import DraftTreeRecord, StepEvent
 from app.viz import style
 from app.viz.glossary import term
 from app.viz.stream import split_step_text
-from app.viz.tree import accepted_path, display_order, show_token
+from app.viz.tree import show_token
+from app.viz.tree_layout import accepted_path, display_order
 
 TAIL_SLOTS = 3        # committed-context slots drawn before the root (the rest of the prefix is "…")
 MAX_NODES = 24        # mask view: nodes drawn before the rest are left out (None: all, scroll)
