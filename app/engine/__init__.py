@@ -14,6 +14,8 @@ Modules:
     config.py       the config classes that hold a request's values and check them against ``SPEC``
     events.py       the step records: the only thing that crosses from the engine to its consumers
     engine.py       ``Engine``: the decoding loop (prefill, draft, verify, accept, commit)
+    run_state.py    what a generation carries between its verbs (``_Run``, ``_Verified``, ``PhaseClock``)
+    head_draft.py   the EAGLE head's side of the draft verb (``read_pending``, ``HeadDrafting``)
     factory.py      ``load_engine``: target + draft head + draft vocabulary + Medusa heads
     loading.py      loading the target model (embedded or from the hub) and the heads' folders
     device.py       ``cache_dir`` and ``choose_device``
