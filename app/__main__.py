@@ -1,4 +1,4 @@
-"""`python -m app generate|tune|bench|train ...` — one entry point, one module per subcommand.
+"""`python -m app generate|tune|bench|train|export-head ...` — one entry point, one module per subcommand.
 
 Each subcommand module exposes ``add_arguments(parser)`` and ``main(args) -> int`` (the exit
 status). Modules are imported only when their subcommand runs, so `generate` never pays for
@@ -15,6 +15,7 @@ SUBCOMMANDS = {
     "tune": ("app.tune", "measure this machine's profile for the auto tree once (kept on disk)"),
     "bench": ("app.bench.cli", "benchmark methods on the evaluation prompt sets"),
     "train": ("app.train.cli", "build data and train an EAGLE draft head for a target model"),
+    "export-head": ("app.export_head", "write an EAGLE head in vLLM's speculators layout, or back in the EAGLE layout"),
 }
 
 

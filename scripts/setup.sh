@@ -9,3 +9,7 @@ python3 -m venv .venv
 pip install -q --upgrade pip
 pip install -q -r "${1:-requirements.txt}"
 pip install -q --no-deps -r requirements-embedded.txt
+# the test suite's speculators library, also --no-deps (requirements-speculators.txt says why)
+if [ "${1:-requirements.txt}" = requirements-dev.txt ]; then
+  pip install -q --no-deps -r requirements-speculators.txt
+fi
