@@ -113,7 +113,7 @@ def test_interrupted_training_resumes_exactly(data, tmp_path):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5, msg=name)
 
 
-def test_the_cli_trains_an_eagle3_head_from_data_to_eval(tmp_path, monkeypatch):
+def test_the_cli_trains_an_eagle3_head_from_data_to_eval(tmp_path, monkeypatch, capsys):
     """``python -m app train --arch eagle3``: the data stage stores layers 2, L/2, L-3, training
     builds the draft vocabulary from the training shards, saves the head in the official
     layout outside the shipped EAGLE-2 folder, and the eval stage decodes with it."""
@@ -131,6 +131,10 @@ def test_the_cli_trains_an_eagle3_head_from_data_to_eval(tmp_path, monkeypatch):
     assert main(parser.parse_args(common + ["--stage", "data", "--shard-size", "6", "--data-dtype", "float32",
                                             "--max-new-tokens", "20"])) == 0
     assert FeatureShard.load(tmp_path / "features" / "shard_00001.safetensors").layers == LAYERS
+    said = capsys.readouterr().out       # the disk it will take, said before the first shard
+    assert "data: 2 shards to write, about" in said and "every answer at --max-new-tokens" in said
+    main(parser.parse_args(common + ["--stage", "data", "--shard-size", "6"]))
+    assert "data: all shards are written (2 in" in capsys.readouterr().out
     assert main(parser.parse_args(common + ["--stage", "train", "--epochs", "4", "--batch-tokens", "256",
                                             "--train-minutes", "0", "--draft-vocab-size", "40", "--warmup-steps", "2",
                                             "--holdout", "shard_00001.safetensors", "--val-batches", "1"])) == 0

@@ -118,6 +118,9 @@ def run_data(args, work: Path) -> None:
         order = [s for s in order if s in wanted]
     if args.reverse:
         order.reverse()
+    log(disk_estimate(work / "features", [s for s in order
+                                          if not (work / "features" / f"{shard_name(s)}.safetensors").is_file()],
+                      args))
     for shard in order:
         if args.time_budget_min is not None and time.perf_counter() - start > 60 * args.time_budget_min:
             log(f"data: time budget of {args.time_budget_min} min reached before shard {shard}; rerun to continue")
@@ -150,6 +153,30 @@ def run_data(args, work: Path) -> None:
         log(f"data {shard_name(shard)}: {len(fs)} answers ({fs.mode}), {n} response tokens, "
             f"{n / (time.perf_counter() - t0):.0f} tok/s")
     log(f"data: stopped after {(time.perf_counter() - start) / 60:.1f} min, {new_tokens} new response tokens")
+
+
+def disk_estimate(folder: Path, missing: list[int], args) -> str:
+    """A line saying what the missing shards will take on disk, printed before the first one:
+    measured from the shards already written when there are any, else bounded from above by
+    every answer running to ``--max-new-tokens`` (features are float16: H values per token,
+    4H with EAGLE-3's three target layers, plus the token id)."""
+    done = sorted(folder.glob("shard_*.safetensors"))
+    if not missing:
+        return f"data: all shards are written ({len(done)} in {folder})"
+    if done:
+        per_shard = sum(p.stat().st_size for p in done) / len(done)
+        how = f"{per_shard / 2**20:.0f} MiB per shard, the mean of the {len(done)} written"
+    else:
+        from transformers import AutoConfig
+
+        from app.engine.loading import resolve_model_source
+
+        hidden = AutoConfig.from_pretrained(resolve_model_source(args.base_model)[0]).hidden_size
+        per_token = 2 * hidden * (4 if args.arch == "eagle3" else 1) + 4
+        per_shard = args.shard_size * (args.max_new_tokens + 128) * per_token   # ~128 prompt tokens, at most
+        how = f"at most {per_shard / 2**20:.0f} MiB per shard, every answer at --max-new-tokens"
+    return (f"data: {len(missing)} shards to write, about {len(missing) * per_shard / 2**30:.1f} GiB on disk "
+            f"({how}) in {folder}")
 
 
 _CLAIMS: dict[Path, FileLock] = {}   # the shards this process holds, by path

@@ -44,9 +44,11 @@ from transformers import DynamicCache
 
 from app.engine.eagle3_head import Eagle3Head, eagle3_config_for
 from app.engine.heads import load_head
+from app.engine.precision import bf16_is_native
 from app.train.data import log
 from app.train.stage import loss_vocabulary, training_inputs
-from app.train.trainer import FeatureDataset, SubsetLMHead, TrainConfig, train
+from app.train.loss import SubsetLMHead
+from app.train.trainer import FeatureDataset, TrainConfig, train
 
 # default unroll: the reference trains 7 steps; each step costs one more head forward and
 # LM-head matmul, so on a CPU we default to 3 (depth 3 covers most accepted length)
@@ -57,6 +59,7 @@ TTT_STEPS = 3
 class Eagle3LossConfig:
     ttt_steps: int = TTT_STEPS  # draft steps unrolled (>= 1; 1 = no training-time test)
     ttt_decay: float = 0.8      # weight of step s is ttt_decay ** s
+    bf16: bool = False          # head forward and LM head under bf16 autocast (master weights, CE in fp32)
 
 
 class Eagle3Dataset(FeatureDataset):
@@ -120,7 +123,7 @@ def eagle3_loss(head, lm_head, embedding, batch: dict[str, torch.Tensor], cfg: E
     acc_d is the top-1 agreement with the target over the draft vocabulary at depth d).
 
     ``lm_head``: the target's frozen LM head over the draft vocabulary, in the head's draft-id
-    order (trainer's ``SubsetLMHead``), so ``softmax(lm_head(f))`` is p_d. ``feature_std`` and
+    order (``app.train.loss.SubsetLMHead``), so ``softmax(lm_head(f))`` is p_d. ``feature_std`` and
     ``g`` are unused (EAGLE-3 adds no input noise: training-time test shows the head its own
     errors instead); they keep trainer.train's call.
     """
@@ -133,12 +136,19 @@ def eagle3_loss(head, lm_head, embedding, batch: dict[str, torch.Tensor], cfg: E
         p_all = torch.softmax(lm_head(f[:, 1:]).float(), -1)              # (B, L, Vd) p_d of x[j+2]
     total = torch.zeros((), device=device)
     stats: dict[str, float] = {}
-    steps = ttt_forward(head, embedding(tokens[:, 1:]), layers[:, :-1], cfg.ttt_steps)
-    for s, hidden in enumerate(steps):                                     # hidden: (B, L, H) a_s[j]
+    # bf16 autocast where bf16 is native: the matmuls (decoder layer, fc, the Vd-row LM head)
+    # are nearly all of a step, and VDPBF16PS does twice the multiply-adds of fp32 FMA
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16)
+    with autocast:
+        steps = ttt_forward(head, embedding(tokens[:, 1:]), layers[:, :-1], cfg.ttt_steps)
+    for s in range(cfg.ttt_steps):
+        with autocast:
+            hidden = next(steps)                                           # (B, L, H) a_s[j]
         valid = (j + 1 + s < batch["lengths"][:, None]) & (j >= batch["prompt_lens"][:, None] - 1)   # (B, L)
         if not bool(valid.any()):
             break
-        logits = head.logits(hidden[valid]).float()                        # (N, Vd) q_s of x[j+2+s]
+        with autocast:
+            logits = head.logits(hidden[valid]).float()                    # (N, Vd) q_s of x[j+2+s]
         p = _ahead(p_all, s)[valid]                                        # (N, Vd) p_d of x[j+2+s]
         ce = F.cross_entropy(logits, p)                                    # soft targets: -Σ p log q
         total = total + cfg.ttt_decay ** s * ce
@@ -204,7 +214,7 @@ def run_training(args, work: Path, out: Path) -> dict:
     else:
         head = new_head(target, vocab_ids, data.layers)
     steps = args.ttt_steps if args.ttt_steps else TTT_STEPS
-    loss_cfg = Eagle3LossConfig(ttt_steps=steps)
+    loss_cfg = Eagle3LossConfig(ttt_steps=steps, bf16=not args.fp32_lm_head and bf16_is_native(args.device))
     cfg = TrainConfig(epochs=args.epochs, batch_tokens=args.batch_tokens, lr=args.lr,
                       weight_decay=args.weight_decay, warmup_steps=args.warmup_steps, clip=args.clip,
                       seed=args.seed, checkpoint_every=args.checkpoint_every, max_minutes=args.train_minutes or None)

@@ -10,7 +10,6 @@ loss with its signature (``app.train.eagle3.eagle3_loss``).
 """
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import dataclass
