@@ -44,7 +44,7 @@ class MethodSpec:
     """
 
     label: str
-    method: str                       # one of HF_METHODS or config.METHODS
+    method: str                       # one of HF_METHODS or spec.METHODS
     tree: TreeConfig | None = None    # None for hf methods
     auto: bool = False
     adaptive: bool = False            # dynamic:adaptive: the tree adapts while decoding (app.engine.adapt)

@@ -1,7 +1,7 @@
 """Turn raw values from the page or the API into validated engine settings.
 
 Anyone can call the API with any JSON, bypassing the sliders, so nothing is trusted. The
-settings and their ranges are defined once, in ``app.engine.config.SETTINGS``; here each raw
+settings and their ranges are defined once, in ``app.engine.spec.SETTINGS``; here each raw
 value is only converted to its setting's type (``Setting.coerce``), then the engine's own
 config classes check the ranges (raising ``ValueError`` whose first word names the setting),
 and the page's lower caps are applied (``Setting.check_page_cap``). The page's event

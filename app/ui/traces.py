@@ -42,7 +42,7 @@ VERSIONS = (1, 2)
 MAX_STEPS = 4096
 MAX_TOKEN_ID = 2**31 - 1
 MAX_TEXT = 20_000
-SETTING_KEYS = tuple(s.name for s in SETTINGS)   # a trace's settings: a request's (app.engine.config)
+SETTING_KEYS = tuple(s.name for s in SETTINGS)   # a trace's settings: a request's (app.engine.spec)
 DRAFTERS = tuple(DRAFTER_LABELS)   # what a step's ``drafter`` may name (app.engine.drafters.registry)
 MESSAGE_CHARS = 200            # a refusal's length at most: nothing of the file is echoed at length
 

@@ -62,7 +62,7 @@ class Drafter(Protocol):
 
 def _drafter_class(info: DrafterInfo):
     # Imported on first use: the drafters import torch, and this package is imported by the
-    # settings (app.engine.config), which must load without it.
+    # settings (app.engine.spec), which must load without it.
     module, _, name = info.target.partition(":")
     return getattr(importlib.import_module(module), name)
 

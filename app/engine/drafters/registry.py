@@ -1,12 +1,12 @@
 """The drafters the engine knows, one line each: what names them, what they read, where they live.
 
-This module imports nothing but the standard library, so the settings (``app.engine.config``),
+This module imports nothing but the standard library, so the settings (``app.engine.spec``),
 the trace schema and the page can read the catalogue without loading torch or a drafter. A
 drafter's code is imported the first time a run starts it (``app.engine.drafters.start``).
 
 Adding a drafter: a new module in this package with a class that follows
 ``app.engine.drafters.Drafter`` (start / draft / observe), and one line in ``DRAFTERS``. Its
-method then exists for the settings (``config.METHODS``), the CLI and the bench (their
+method then exists for the settings (``spec.METHODS``), the CLI and the bench (their
 ``--method`` choices), the trace schema (its ``drafter`` name) and the page's tree legend
 (``label``).
 """

@@ -8,7 +8,7 @@ request once and shows a bad setting's message under its control, so a refused r
 the page as it was; the event runs what the validator accepted. Nothing here decodes or draws.
 
 The page is built in two parts: ``build_layout`` makes the components (each setting's
-control from its specification, ``app.engine.config.SETTINGS``) and ``wire`` attaches the
+control from its specification, ``app.engine.spec.SETTINGS``) and ``wire`` attaches the
 events. The engine events' signatures, which Gradio turns into the public API, come from the
 same specification (``event_signature``).
 
