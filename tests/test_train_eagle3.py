@@ -146,10 +146,26 @@ def test_the_cli_trains_an_eagle3_head_from_data_to_eval(tmp_path, monkeypatch, 
     summary = json.loads((tmp_path / "runs" / "main" / "summary.json").read_text())
     assert summary["arch"] == "eagle3" and summary["loss_config"]["ttt_steps"] == 3
     assert summary["target_layers"] == list(LAYERS) and "acc3" in summary["validation"]
+    # the learning-curve script rebuilds the head from the final checkpoint and measures what training did
+    curve = _learning_curve_script()
+    saved = torch.load(tmp_path / "runs" / "main" / "checkpoint.pt", map_location="cpu", weights_only=False)
+    point = curve.measure(saved, target, Eagle3Dataset([tmp_path / "features" / "shard_00001.safetensors"]), 5, 1)
+    assert point == pytest.approx({k: summary["validation"][k] for k in point}, abs=1e-5)
     assert main(parser.parse_args(common + ["--stage", "eval", "--eval-indices", "0", "--eval-new-tokens", "8",
                                             "--eval-tree", "10/3/2", "--eval-out", str(tmp_path / "e.json")])) == 0
     result = json.loads((tmp_path / "e.json").read_text())["mt_bench"]
     assert result["prompts"] == 1 and result["draft_vocab"] == 40
+
+
+def _learning_curve_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "learning_curve.py"
+    spec = importlib.util.spec_from_file_location("learning_curve", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_a_new_head_starts_from_the_targets_output_end(data):
