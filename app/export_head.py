@@ -5,8 +5,8 @@ original EAGLE layout.
     python -m app export-head --format speculators --head FOLDER --verifier meta-llama/Llama-3.1-8B-Instruct
     python -m app export-head --format eagle --head FOLDER-speculators
 
-The head is read as the engine reads it (``heads.load_head``: either layout, either kind,
-strictly) and written with ``app.engine.speculators_format.save``, which says how names and
+The head is read as the engine reads it (``app.engine.heads.load_head``: either layout, either kind,
+strictly) and written with ``app.engine.heads.speculators.save``, which says how names and
 config fields map. A bad folder, format or output prints one line and exits 2.
 """
 from __future__ import annotations
@@ -45,9 +45,8 @@ def export(head: str | None, fmt: str, out: str | None = None, verifier: str | N
            force: bool = False) -> Path:
     """Read ``head`` and write it as ``fmt``; returns the output folder. Raises ValueError,
     KeyError or FileNotFoundError with a one-line message."""
-    from app.engine.draft_head import read_config
-    from app.engine.heads import load_head
-    from app.engine import speculators_format as sf
+    from app.engine.heads import load_head, speculators as sf
+    from app.engine.heads.checkpoint import read_config
 
     if fmt not in FORMATS:
         raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")

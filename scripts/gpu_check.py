@@ -97,7 +97,7 @@ def cost_curve(shape: str, device: torch.device, dtype: torch.dtype) -> dict:
 
 
 def train_check(device: torch.device, work: Path) -> dict:
-    from app.engine.draft_head import DraftHead, head_config_for
+    from app.engine.heads.eagle import DraftHead, head_config_for
     from app.train.data import generate_with_features
     from app.train.prompts import Prompt
     from app.train.loss import LossConfig

@@ -49,7 +49,7 @@ def head_from_checkpoint(saved: dict, target, layers: tuple[int, ...]):
         vocab = saved["vocab_ids"] if saved["vocab_ids"] is not None else torch.arange(target.model.config.vocab_size)
         head = new_head(target, vocab, layers)
     else:
-        from app.engine.draft_head import DraftHead, head_config_for
+        from app.engine.heads.eagle import DraftHead, head_config_for
 
         head = DraftHead(head_config_for(target.model.config))
     head.load_state_dict(state, strict=True)

@@ -45,7 +45,7 @@ from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.engine.draft_head import DraftHead, head_config_for          # noqa: E402
+from app.engine.heads.eagle import DraftHead, head_config_for          # noqa: E402
 from app.train.data import FeatureShard                               # noqa: E402
 from app.train.loss import LossConfig   # noqa: E402
 from app.train.trainer import FeatureDataset, TrainConfig, train, validate   # noqa: E402

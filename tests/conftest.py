@@ -46,7 +46,7 @@ def embedded_target():
 def embedded_random_head_dir(embedded_target, tmp_path_factory):
     """A randomly initialised head for the embedded model, saved in the official layout:
     losslessness must not depend on the head's quality."""
-    from app.engine.draft_head import DraftHead, head_config_for
+    from app.engine.heads.eagle import DraftHead, head_config_for
 
     torch.manual_seed(0)
     folder = tmp_path_factory.mktemp("random_head")

@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from app.engine.draft_head import DraftHead, head_config_for
+from app.engine.heads.eagle import DraftHead, head_config_for
 from app.engine.loading import load_draft_head
 
 OFFICIAL_KEYS = {

@@ -1,4 +1,4 @@
-"""Heads in vLLM's speculators layout (app/engine/speculators_format.py, `python -m app export-head`):
+"""Heads in vLLM's speculators layout (app/engine/heads/speculators.py, `python -m app export-head`):
 the round trip ours -> speculators -> ours is lossless (same tensors, same drafts, same output),
 a speculators-layout head drafts exactly as the same head in the original layout, the real
 ``speculators`` library (0.9.0, installed --no-deps beside our pins: requirements-speculators.txt)
@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from app.__main__ import main as cli
-from app.engine import speculators_format as sf
+from app.engine.heads import speculators as sf
 from app.engine.config import TreeConfig
 from app.engine.factory import load_engine
 from app.engine.loading import DEFAULT_HEAD_DIR

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.engine.draft_head import DraftHead, head_config_for
+from app.engine.heads.eagle import DraftHead, head_config_for
 from app.train.data import FeatureShard, generate_with_features
 from app.train.eval_overlap import EvalIndex, eval_questions, ngrams, normalise
 from app.train.prompts import Prompt, build_prompts

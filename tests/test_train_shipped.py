@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_shipped_head_files_are_in_the_official_layout():
-    from app.engine.draft_head import read_state_dict
+    from app.engine.heads.checkpoint import read_state_dict
 
     weights = DEFAULT_HEAD_DIR / "model.safetensors"
     assert (DEFAULT_HEAD_DIR / "config.json").is_file() and weights.is_file()

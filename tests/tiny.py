@@ -7,7 +7,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, decoders
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from app.engine.draft_head import DraftHead, head_config_for
+from app.engine.heads.eagle import DraftHead, head_config_for
 from app.engine.loading import Target
 
 VOCAB = 256
@@ -91,7 +91,7 @@ def eagle3_target(seed: int = 0) -> Target:
 def random_eagle3_head(target: Target, seed: int = 0, draft_vocab: torch.Tensor | None = None):
     """A random EAGLE-3 head over ``draft_vocab`` (default: tokens 3..199, so that drafts
     outside the set can be checked for)."""
-    from app.engine.eagle3_head import Eagle3Head, default_target_layers, eagle3_config_for
+    from app.engine.heads.eagle3 import Eagle3Head, default_target_layers, eagle3_config_for
 
     ids = torch.arange(3, 200) if draft_vocab is None else draft_vocab
     torch.manual_seed(seed + 2000)

@@ -19,9 +19,10 @@ Modules:
     factory.py      ``load_engine``: target + draft head + draft vocabulary + Medusa heads
     loading.py      loading the target model (embedded or from the hub) and the heads' folders
     device.py       ``cache_dir`` and ``choose_device``
-    heads.py        ``load_head`` (either EAGLE kind) and a head's draft vocabulary
-    draft_head.py   the EAGLE-1/2 head and the checkpoint I/O both EAGLE kinds share
-    eagle3_head.py  the EAGLE-3 head
+    heads/          the draft heads and their checkpoints: ``load_head`` (either EAGLE kind, either
+                    layout) and a head's draft vocabulary (``__init__.py``), the shared checkpoint I/O
+                    (``checkpoint.py``), EAGLE-1/2 (``eagle.py``), EAGLE-3 (``eagle3.py``), vLLM's
+                    speculators layout (``speculators.py``)
     drafters/       the drafters that are not an EAGLE head (registry, prompt lookup, lookahead, Medusa)
     tree.py         draft-tree policies as pure functions: draft scores in, tree out
     verify.py       which drafted tokens the target accepts (greedy and exact sampled rules)

@@ -139,7 +139,7 @@ def run_data(args, work: Path) -> None:
             pad = tok.pad_token_id if tok.pad_token_id is not None else 0
             layers = ()
             if args.arch == "eagle3":     # also store EAGLE-3's low/mid/high layers
-                from app.engine.eagle3_head import default_target_layers
+                from app.engine.heads.eagle3 import default_target_layers
 
                 layers = default_target_layers(target.model.config.num_hidden_layers)
         t0 = time.perf_counter()

@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from app.engine.eagle3_head import Eagle3Head, eagle3_config_for
+from app.engine.heads.eagle3 import Eagle3Head, eagle3_config_for
 from app.engine.heads import load_head
 from app.engine.precision import bf16_is_native
 from app.train.data import log

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from app.engine import loading
-from app.engine.draft_head import DraftHead, head_config_for
+from app.engine.heads.eagle import DraftHead, head_config_for
 from app.engine.heads import DRAFT_VOCAB_FILE
 from app.engine.precision import bf16_is_native
 from app.train.data import log

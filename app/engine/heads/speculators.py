@@ -1,5 +1,5 @@
-"""EAGLE heads in vLLM's ``speculators`` layout, both ways (read by ``heads.load_head``, written
-by ``python -m app export-head``).
+"""EAGLE heads in vLLM's ``speculators`` layout, both ways (read by ``app.engine.heads.load_head``,
+written by ``python -m app export-head``).
 
 A speculators checkpoint is told apart by ``speculators_model_type`` in its config.json. The
 config wraps one decoder layer's transformers config and says which algorithm and verifier
@@ -44,6 +44,9 @@ import shutil
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
+
+from app.engine.heads.checkpoint import config_for_disk
 
 SPECULATORS_VERSION = "0.9.0"   # the library release whose config classes this layout follows
 SUPPORTED = ("eagle", "eagle3")
@@ -138,9 +141,7 @@ def verifier_config(name: str | None) -> dict:
 
 def speculators_config(head, verifier: str | None, layer_ids: list[int] | None,
                        speculative_tokens: int = 3) -> dict:
-    """The speculators config.json of a loaded head (``heads.load_head``)."""
-    from app.engine.draft_head import config_for_disk
-
+    """The speculators config.json of a loaded head (``app.engine.heads.load_head``)."""
     eagle3 = getattr(head, "kind", "eagle2") == "eagle3"
     layer = {k: v for k, v in config_for_disk(head.config).items() if k not in _OWN_FIELDS}
     layer["num_hidden_layers"] = 1
@@ -179,8 +180,6 @@ def speculators_state(head) -> dict[str, torch.Tensor]:
 
 
 def _write(folder: Path, config: dict, state: dict[str, torch.Tensor]) -> None:
-    from safetensors.torch import save_file
-
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
@@ -191,8 +190,6 @@ def save(head, folder: str | Path, fmt: str, *, verifier: str | None = None,
     """Write a loaded head in ``fmt`` ("speculators" or "eagle", the official layout).
     ``layer_ids``: an EAGLE-3 head's target layers as its source config gave them (None: the
     reader's default). ``source``: the head's folder, whose draft_vocab.json is copied along."""
-    from app.engine.draft_head import config_for_disk
-
     folder = Path(folder)
     if fmt == "speculators":
         _write(folder, speculators_config(head, verifier, layer_ids), speculators_state(head))

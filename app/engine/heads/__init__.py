@@ -1,11 +1,19 @@
-"""Reading any draft head from its folder: the one place that tells the kinds apart.
+"""Draft heads: the trained modules that propose tokens from the target's features, and their
+checkpoints. ``load_head`` here is the one place that tells the EAGLE kinds apart.
 
-    draft_head.py    the EAGLE-1/2 head and the checkpoint I/O both EAGLE kinds share
-    eagle3_head.py   the EAGLE-3 head (imports draft_head)
-    speculators_format.py   either kind in vLLM's speculators layout (read here, written by export-head)
-    drafters/medusa.py   Medusa heads (their own layout; the draft vocabulary file below)
+    checkpoint.py    the checkpoint I/O both EAGLE kinds share: config.json and weights read
+                     strictly, configs written for older readers, ``is_eagle3``
+    eagle.py         the EAGLE-1/2 head (``DraftHead``, ``head_config_for``)
+    eagle3.py        the EAGLE-3 head (``Eagle3Head``; builds on eagle.py's config and embedding)
+    speculators.py   either EAGLE kind in vLLM's speculators layout (read by ``load_head``,
+                     written by ``python -m app export-head``)
+    __init__.py      ``load_head`` (either EAGLE kind, either layout) and the draft vocabulary
+                     a head may ship beside it (``draft_vocab.json``: ``load_draft_vocab``)
 
-``load_head`` imports both EAGLE kinds, so neither of their modules needs the other's back.
+Imports run one way: checkpoint <- eagle <- eagle3, checkpoint <- speculators, and this file
+imports those four. Nothing here imports the engine, the drafters or the tree: a head is a
+module and its files. Choosing a head's folder (the shipped ones, hub ids) and checking it
+against the target is ``app/engine/loading.py``'s (``load_draft_head``).
 """
 from __future__ import annotations
 
@@ -14,9 +22,10 @@ from pathlib import Path
 
 import torch
 
-from app.engine.draft_head import DraftHead, is_eagle3, read_config, read_state_dict
-from app.engine.eagle3_head import Eagle3Head
-from app.engine.speculators_format import is_speculators, to_eagle_layout
+from app.engine.heads.checkpoint import is_eagle3, read_config, read_state_dict
+from app.engine.heads.eagle import DraftHead
+from app.engine.heads.eagle3 import Eagle3Head
+from app.engine.heads.speculators import is_speculators, to_eagle_layout
 
 DRAFT_VOCAB_FILE = "draft_vocab.json"
 
@@ -24,7 +33,7 @@ DRAFT_VOCAB_FILE = "draft_vocab.json"
 def load_head(folder: str | Path, target_num_layers: int, dtype: torch.dtype = torch.float32,
               device: str | torch.device = "cpu"):
     """A draft head of either kind, told apart by its checkpoint: an EAGLE-3 head
-    (``eagle3_head.Eagle3Head``) or an EAGLE-1/2 head (``DraftHead``), loaded strictly, in the
+    (``eagle3.Eagle3Head``) or an EAGLE-1/2 head (``eagle.DraftHead``), loaded strictly, in the
     official EAGLE layout or vLLM's speculators layout (``speculators_model_type`` in config.json).
     ``target_num_layers``: the target's layer count (an EAGLE-3 head reads three of them)."""
     folder = Path(folder)

@@ -1,6 +1,6 @@
 """The EAGLE-3 draft head (2503.01840): fused low/mid/high target features, its own vocabulary.
 
-EAGLE-1/2 (``draft_head.DraftHead``) predict the target's last hidden state f̂[j+1] and reuse
+EAGLE-1/2 (``eagle.DraftHead``) predict the target's last hidden state f̂[j+1] and reuse
 the target's LM head. EAGLE-3 drops that feature-regression target: the head only has to make
 a good *token* distribution, so it may keep whatever hidden state helps, and it reads more of
 the target than the top layer:
@@ -33,11 +33,13 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from safetensors.torch import save_file
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import (LlamaAttention, LlamaMLP, LlamaRMSNorm,
                                                       LlamaRotaryEmbedding)
 
-from app.engine.draft_head import DraftHead, check_keys, config_for_disk, config_from_disk, head_config_for
+from app.engine.heads.checkpoint import check_keys, config_for_disk, config_from_disk
+from app.engine.heads.eagle import DraftHead, head_config_for
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 
@@ -153,8 +155,6 @@ class Eagle3Head(nn.Module):
     # --- checkpoint I/O in the official layout -----------------------------------------------
 
     def save(self, folder: str | Path) -> None:
-        from safetensors.torch import save_file
-
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         config = config_for_disk(self.config)

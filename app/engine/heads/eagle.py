@@ -18,8 +18,8 @@ Checkpoint layout (that of the official EAGLE heads, so they load unchanged):
     model.safetensors   or pytorch_model.bin, with exactly the keys of ``expected_keys``
 
 ``app.engine.heads.load_head`` reads a checkpoint of either kind: this one, or an EAGLE-3 head
-(app/engine/eagle3_head.py), told apart by its keys (``midlayer.*``, ``d2t``/``t2d``) or its
-architecture name.
+(``eagle3.py``), told apart by its keys (``midlayer.*``, ``d2t``/``t2d``) or its architecture
+name (``checkpoint.is_eagle3``). ``head_config_for`` and ``DraftHead.embed`` are EAGLE-3's too.
 """
 from __future__ import annotations
 
@@ -28,8 +28,12 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from safetensors.torch import save_file
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+from app.engine.heads.checkpoint import check_keys, config_for_disk, config_from_disk, is_eagle3, read_config, \
+    read_state_dict
 
 # Buffers that some published heads saved although they are derived from the config; they
 # are recomputed here, so a checkpoint may carry them. Anything else unexpected is an error.
@@ -97,8 +101,6 @@ class DraftHead(nn.Module):
     # --- checkpoint I/O in the official layout ---------------------------------------------
 
     def save(self, folder: str | Path) -> None:
-        from safetensors.torch import save_file
-
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         config = config_for_disk(self.config)
@@ -131,80 +133,3 @@ class DraftHead(nn.Module):
         check_keys(folder, head, state)
         head.load_state_dict(state, strict=True)
         return head
-
-
-# --- shared by both kinds of head ----------------------------------------------------------
-
-def read_config(folder: Path) -> dict:
-    path = folder / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"draft head folder {folder} has no config.json")
-    return json.loads(path.read_text())
-
-
-def config_for_disk(config: LlamaConfig) -> dict:
-    """The head's config.json: transformers' own dict plus the top-level RoPE fields that
-    readers older than transformers 5 look for. transformers 5 keeps the RoPE base only in
-    ``rope_parameters``; an older reader (the EAGLE reference code among them) then finds no
-    ``rope_theta`` and silently falls back to base 10,000, a different position encoding
-    from the one the head was trained with (SmolLM2's base is 100,000)."""
-    out = config.to_dict()
-    out.pop("_attn_implementation_autoset", None)
-    rope = dict(out.get("rope_parameters") or {})
-    if "rope_theta" in rope:
-        out["rope_theta"] = rope["rope_theta"]
-        kind = rope.get("rope_type", "default")
-        scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
-        out["rope_scaling"] = None if kind == "default" else {**scaling, "type": kind}
-    return out
-
-
-def config_from_disk(folder: Path, raw: dict) -> LlamaConfig:
-    """A LlamaConfig from config.json. A top-level ``rope_theta`` (older readers' field) must
-    agree with ``rope_parameters`` when both are given: transformers 5 would silently keep
-    the latter."""
-    config = LlamaConfig.from_dict(raw)
-    top, nested = raw.get("rope_theta"), (raw.get("rope_parameters") or {}).get("rope_theta")
-    if top is not None and nested is not None and float(top) != float(nested):
-        raise ValueError(f"draft head {folder}: config.json has rope_theta {top} but rope_parameters "
-                         f"says {nested}")
-    return config
-
-
-def check_keys(folder: Path, head: nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Every key the head has is in ``state`` with its shape, and no other key is."""
-    own = head.state_dict()
-    missing = sorted(own.keys() - state.keys())
-    unexpected = sorted(state.keys() - own.keys())
-    if missing or unexpected:
-        parts = []
-        if missing:
-            parts.append(f"missing keys {missing}")
-        if unexpected:
-            parts.append(f"unexpected keys {unexpected}")
-        kind = "EAGLE-3" if getattr(head, "kind", "eagle2") == "eagle3" else "EAGLE"
-        raise KeyError(f"draft head checkpoint in {folder} does not match the {kind} layout: " + "; ".join(parts))
-    for key, tensor in state.items():
-        if tuple(tensor.shape) != tuple(own[key].shape):
-            raise ValueError(f"draft head key {key} has shape {tuple(tensor.shape)}, "
-                             f"config expects {tuple(own[key].shape)}")
-
-
-def is_eagle3(config: dict, state: dict) -> bool:
-    """An EAGLE-3 checkpoint (2503.01840's layout): its architecture name, the draft-to-target
-    vocabulary maps or the two-input decoder layer ``midlayer``."""
-    named = any("eagle3" in str(a).lower() for a in config.get("architectures") or [])
-    return named or "d2t" in state or "t2d" in state or any(k.startswith("midlayer.") for k in state)
-
-
-def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
-    """Read model.safetensors, or pytorch_model.bin with weights_only=True (no code is unpickled)."""
-    st = folder / "model.safetensors"
-    pt = folder / "pytorch_model.bin"
-    if st.is_file():
-        from safetensors.torch import load_file
-
-        return load_file(str(st))
-    if pt.is_file():
-        return torch.load(str(pt), map_location="cpu", weights_only=True)
-    raise FileNotFoundError(f"draft head folder {folder} has neither model.safetensors nor pytorch_model.bin")
