@@ -279,7 +279,7 @@ def test_generate_cli_auto_tree_prints_its_choice_and_cost_curve(tiny_folders, t
 def test_bench_runs_the_other_drafters_without_an_eagle_head(tiny_folders, tmp_path, capsys, monkeypatch):
     """pld, lookahead and medusa as benchmark methods: no EAGLE head is loaded (none is
     needed), Medusa heads come from --medusa-model, and every method reproduces vanilla."""
-    from app.engine.drafters.medusa import MedusaHeads
+    from app.engine.heads.medusa import MedusaHeads
     from app.engine.loading import load_target
 
     target = load_target(str(tiny_folders / "target"), device="cpu", dtype="float32")

@@ -9,7 +9,7 @@ import torch
 
 from app.engine.config import SamplingConfig, TreeConfig
 from app.engine.drafters import tree_from_sequences
-from app.engine.drafters.medusa import MedusaHeads
+from app.engine.heads.medusa import MedusaHeads
 from app.engine.drafters.pld import lookup
 from app.engine.engine import Engine
 from app.engine.tree import ROOT

@@ -22,7 +22,7 @@ Modules:
     heads/          the draft heads and their checkpoints: ``load_head`` (either EAGLE kind, either
                     layout) and a head's draft vocabulary (``__init__.py``), the shared checkpoint I/O
                     (``checkpoint.py``), EAGLE-1/2 (``eagle.py``), EAGLE-3 (``eagle3.py``), vLLM's
-                    speculators layout (``speculators.py``)
+                    speculators layout (``speculators.py``), Medusa's heads (``medusa.py``)
     drafters/       the drafters that are not an EAGLE head (registry, prompt lookup, lookahead, Medusa)
     tree.py         draft-tree policies as pure functions: draft scores in, tree out
     verify.py       which drafted tokens the target accepts (greedy and exact sampled rules)

@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 from app.engine.device import cache_dir, choose_device          # noqa: F401  (re-exported: callers import them from here)
-from app.engine.drafters.medusa import MedusaHeads
 from app.engine.heads import DRAFT_VOCAB_FILE, load_draft_vocab, load_head   # noqa: F401  (re-exported likewise)
+from app.engine.heads.medusa import MedusaHeads
 from app.engine.precision import auto_cpu_dtype
 
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
@@ -203,7 +203,7 @@ def load_draft_head(name: str | None, target: Target):
 
 
 def load_medusa_heads(name: str | None, target: Target):
-    """Load Medusa heads (strictly, ``drafters.medusa.MedusaHeads.load``) from a local folder,
+    """Load Medusa heads (strictly, ``heads.medusa.MedusaHeads.load``) from a local folder,
     the shipped ones by default, and check that they fit the target."""
     folder = Path(name).expanduser() if name not in (None, "", "default") else DEFAULT_MEDUSA_DIR
     if not (folder / "config.json").is_file():

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from app.engine.drafters.medusa import MedusaHeads
+from app.engine.heads.medusa import MedusaHeads
 from app.train.data import log
 
 DECAY = 0.8

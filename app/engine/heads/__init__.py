@@ -7,13 +7,17 @@ checkpoints. ``load_head`` here is the one place that tells the EAGLE kinds apar
     eagle3.py        the EAGLE-3 head (``Eagle3Head``; builds on eagle.py's config and embedding)
     speculators.py   either EAGLE kind in vLLM's speculators layout (read by ``load_head``,
                      written by ``python -m app export-head``)
+    medusa.py        Medusa's heads (``MedusaHeads``): the weights and their published layout;
+                     the drafting that reads them is ``app/engine/drafters/medusa.py``
     __init__.py      ``load_head`` (either EAGLE kind, either layout) and the draft vocabulary
                      a head may ship beside it (``draft_vocab.json``: ``load_draft_vocab``)
 
 Imports run one way: checkpoint <- eagle <- eagle3, checkpoint <- speculators, and this file
-imports those four. Nothing here imports the engine, the drafters or the tree: a head is a
-module and its files. Choosing a head's folder (the shipped ones, hub ids) and checking it
-against the target is ``app/engine/loading.py``'s (``load_draft_head``).
+imports those four; medusa.py imports this file (the draft vocabulary) and nothing imports it
+back, so ``load_head`` never loads Medusa. Nothing here imports the engine, the drafters or
+the tree: a head is a module and its files. Choosing a head's folder (the shipped ones, hub
+ids) and checking it against the target is ``app/engine/loading.py``'s (``load_draft_head``,
+``load_medusa_heads``).
 """
 from __future__ import annotations
 
