@@ -72,6 +72,20 @@ def test_one_token_prompt(tiny):
     assert steps[0].prefill and steps[0].tree is None and len(steps[1].tree.tokens) > 0
 
 
+def test_a_prompt_encoded_once_runs_as_its_text(tiny):
+    """``generate(prompt_ids=encode_prompt(text))`` (how the page runs a request it checked)
+    decodes exactly what ``generate(text)`` does; a prompt given both ways is refused."""
+    target, head = tiny
+    engine = Engine(target, head)
+    text, tree = "w5 w17 w33 w90", TreeConfig(method="dynamic", depth=3, top_k=2, total_tokens=4)
+    ids = tuple(engine.encode_prompt(text))
+    *_, by_text = engine.generate(text, tree=tree, max_new_tokens=16)
+    *_, by_ids = engine.generate(prompt_ids=ids, tree=tree, max_new_tokens=16)
+    assert by_ids.token_ids == by_text.token_ids
+    with pytest.raises(ValueError, match="not both"):
+        engine.generate(text, prompt_ids=ids, tree=tree, max_new_tokens=16)
+
+
 def test_records_are_consistent(tiny):
     target, head = tiny
     steps, summary = run(Engine(target, head), PROMPTS[0], TreeConfig(depth=4, top_k=4, total_tokens=12), n=40)

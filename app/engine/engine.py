@@ -37,7 +37,7 @@ replace the head in ``draft`` and read the verify forward after ``commit``; the 
 """
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import torch
 
@@ -145,7 +145,7 @@ class Engine:
         (a, b), (pa, pb) = top.indices.tolist(), top.values.tolist()
         return (a, pa), (b, pb)
 
-    def check_request(self, prompt_ids: list[int], tree: TreeConfig, max_new_tokens: int) -> None:
+    def check_request(self, prompt_ids: Sequence[int], tree: TreeConfig, max_new_tokens: int) -> None:
         check_max_new_tokens(max_new_tokens, self.limits.max_new_tokens)
         if not prompt_ids:
             raise ValueError("prompt must encode to at least one token")
@@ -161,10 +161,15 @@ class Engine:
 
     # --- the loop ---------------------------------------------------------------------------
 
-    def generate(self, prompt: str | None = None, *, prompt_ids: list[int] | None = None,
+    def generate(self, prompt: str | None = None, *, prompt_ids: Sequence[int] | None = None,
                  tree: TreeConfig = TreeConfig(), sampling: SamplingConfig = SamplingConfig(),
                  max_new_tokens: int = 128, raw: bool = False, adapt=None) -> Iterator[StepEvent | RunSummary]:
         """Yield one StepEvent per target forward (step 0: the prefill), then a RunSummary.
+
+        The prompt is either ``prompt``, a text this call encodes (``encode_prompt``, with
+        ``raw``), or ``prompt_ids``, the text already encoded: a caller that checks a request
+        and then runs it, perhaps several times (the page's race, its method comparison and
+        explorer), encodes once and passes the ids on.
 
         ``adapt``: an ``app.engine.adapt.TreeAdapter`` that picks each step's tree from the
         step times and acceptance measured so far (``tree`` is then only its starting point);
@@ -177,6 +182,8 @@ class Engine:
         """
         if prompt_ids is None:
             prompt_ids = self.encode_prompt(prompt, raw=raw)
+        elif prompt is not None:
+            raise ValueError("give the prompt as text (prompt) or as token ids (prompt_ids), not both")
         largest = adapt.largest(tree) if adapt is not None else tree
         self.check_request(prompt_ids, largest, max_new_tokens)
         return self._generate(list(prompt_ids), tree, sampling, max_new_tokens, adapt, largest)

@@ -86,9 +86,8 @@ def check_compare(ctx: AppContext, prompt, methods, max_new_tokens) -> tuple:
         raise ValueError(f"methods must be {MIN_METHODS} to {MAX_METHODS} methods, got {len(methods)}")
     request = parse(ctx, {"prompt": prompt, "method": "vanilla", "max_new_tokens": max_new_tokens,
                           "temperature": 0.0})
-    ids = ctx.engine.encode_prompt(request.prompt)
-    for m in methods:
-        engine_for(ctx, m).check_request(ids, method_tree(ctx, m), request.max_new_tokens)
+    for m in methods:   # every engine shares the server's target, so the ids are each one's
+        engine_for(ctx, m).check_request(request.prompt_ids, method_tree(ctx, m), request.max_new_tokens)
     return request, methods
 
 
@@ -123,8 +122,9 @@ def compare_methods(ctx: AppContext, session: Session, prompt, methods, max_new_
     result when the page's validator already ran it."""
     request, methods = checked or check_compare(ctx, prompt, methods, max_new_tokens)
     with session.running():
-        runs = {m: engine_for(ctx, m).generate(request.prompt, tree=method_tree(ctx, m), sampling=request.sampling,
-                                               max_new_tokens=request.max_new_tokens) for m in methods}
+        runs = {m: engine_for(ctx, m).generate(prompt_ids=request.prompt_ids, tree=method_tree(ctx, m),
+                                               sampling=request.sampling, max_new_tokens=request.max_new_tokens)
+                for m in methods}
         steps: dict[str, list[StepEvent]] = {m: [] for m in methods}
         summaries: dict = {m: None for m in methods}
         load0 = _load_average()

@@ -82,13 +82,19 @@ def preset_of(depth, top_k, total_tokens, default: TreeConfig) -> str:
 
 @dataclass(frozen=True)
 class Request:
-    """One validated generation request."""
+    """One validated generation request.
+
+    ``prompt_ids``: the prompt as the engine reads it (``Engine.encode_prompt``: the chat
+    template, then the tokenizer), set by ``handlers.parse``, which encodes it once per click;
+    every check and run of that click takes these ids (``Engine.generate(prompt_ids=...)``)
+    instead of encoding the text again. None for a request not yet checked against an engine."""
 
     prompt: str
     tree: TreeConfig
     sampling: SamplingConfig
     max_new_tokens: int
     adapt: bool = False          # pick each step's tree while decoding (method dynamic only)
+    prompt_ids: tuple[int, ...] | None = None
 
     def value(self, name: str):
         """The value of setting ``name`` in this request."""

@@ -37,6 +37,7 @@ class PinnedRun:
 @dataclass
 class Session:
     settings: dict = field(default_factory=dict)     # the settings of the run on screen
+    prompt_ids: tuple = ()                            # its prompt as the engine read it (a live run's)
     model: dict = field(default_factory=dict)        # target / head / device / dtype of that run
     steps: list[StepEvent] = field(default_factory=list)
     summary: RunSummary | None = None
@@ -60,10 +61,11 @@ class Session:
     _bytes_key: tuple = ()                            # limits.session_bytes' cache: its estimate of the records held
     _bytes: int = 0
 
-    def start(self, settings: dict, model: dict, source: str = "live") -> None:
-        """Forget the run on screen and start a new one."""
+    def start(self, settings: dict, model: dict, source: str = "live", prompt_ids: tuple = ()) -> None:
+        """Forget the run on screen and start a new one (``prompt_ids``: a live run's encoded prompt)."""
         self.close()
         self.settings, self.model, self.source = dict(settings), dict(model), source
+        self.prompt_ids = tuple(prompt_ids)
         self.steps, self.summary, self.race_vanilla, self.app_seconds = [], None, None, None
         self.load, self.parting, self.adapter, self.expired = None, None, None, ""
         self.records_shared = False

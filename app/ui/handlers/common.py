@@ -3,6 +3,7 @@ is reported per field (``judge``), the model line of a run, the machine's load a
 thread count of a request."""
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from app.engine.spec import shown
@@ -20,14 +21,16 @@ def _model_info(ctx: AppContext) -> dict:
 
 
 def parse(ctx: AppContext, raw: dict) -> Request:
-    """Validate raw values; refuse EAGLE methods when the server has no head."""
+    """Validate raw values; refuse EAGLE methods when the server has no head. The request
+    carries the prompt encoded (``Request.prompt_ids``): the one tokenisation of a click, which
+    its checks and runs all reuse."""
     if ctx.engine is None:
         raise ValueError("This server has no model loaded: load a recorded trace instead.")
     request = build_request(ctx.config.limits, **raw)
     if request.tree.uses_draft and not ctx.has_head:
         raise ValueError(f"Method {request.tree.method} needs a draft head. {ctx.head_missing} "
                          "Choose method vanilla, or load a recorded trace.")
-    return request
+    return dataclasses.replace(request, prompt_ids=tuple(ctx.engine.encode_prompt(request.prompt)))
 
 
 def _check_flag(name: str, value) -> None:

@@ -3,6 +3,7 @@ temperature), each value ``EXPLORE_REPEATS`` times, and a verdict that names a b
 only when it beats the run-to-run noise."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -70,12 +71,12 @@ def check_explore(ctx: AppContext, knob, start, stop, count, raw: dict) -> Sweep
         raise ValueError(f"knob {knob} does nothing under method {method} ({SETTING[knob].why_not(method)}): "
                          "choose a method it shapes, or another knob")
     n = min(request.max_new_tokens, ctx.config.explore_max_new_tokens)
-    prompt_ids = ctx.engine.encode_prompt(request.prompt)
     runs, skipped = [], []
     for value in values:
         try:
             run = build_request(ctx.config.limits, **{**request.settings(), knob: value, "max_new_tokens": n})
-            ctx.engine.check_request(prompt_ids, run.tree, run.max_new_tokens)
+            run = dataclasses.replace(run, prompt_ids=request.prompt_ids)     # the same prompt: encoded once
+            ctx.engine.check_request(run.prompt_ids, run.tree, run.max_new_tokens)
         except ValueError as exc:
             skipped.append(f"{knob}={shown(value)}: {exc}")
             continue
@@ -152,7 +153,7 @@ def _explore(ctx: AppContext, session: Session, sweep: Sweep, repeats: int = EXP
             yield {"explorer_status": f"run {done + 1}/{total}: {knob} = {value}"
                                       f"{f' (again, round {round_ + 1} of {repeats})' if round_ else ''}, "
                                       f"{run.max_new_tokens} tokens…"}
-            events = ctx.engine.generate(run.prompt, tree=run.tree, sampling=run.sampling,
+            events = ctx.engine.generate(prompt_ids=run.prompt_ids, tree=run.tree, sampling=run.sampling,
                                          max_new_tokens=run.max_new_tokens)
             runs[i].append(ctx.engine_thread.call(_run_to_summary, events))
             done += 1

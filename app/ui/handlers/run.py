@@ -33,11 +33,12 @@ from app.viz.stream import stream_html
 def check_generate(ctx: AppContext, raw: dict, step_mode=False, race=True) -> Request:
     """Every check a Generate click gets before any model work: the settings (``parse``),
     step_mode and race, and the engine's own ``check_request`` (prompt + max_new_tokens must
-    fit the model's context). The page's event validator runs this once per click."""
+    fit the model's context). The page's event validator runs this once per click; the request
+    it returns carries the encoded prompt, which the run then takes as is."""
     request = common.parse(ctx, raw)
     _check_step_mode(step_mode)
     _check_flag("race", race)
-    ctx.engine.check_request(ctx.engine.encode_prompt(request.prompt), request.tree, request.max_new_tokens)
+    ctx.engine.check_request(request.prompt_ids, request.tree, request.max_new_tokens)
     return request
 
 
@@ -50,8 +51,8 @@ def _run_vanilla(ctx: AppContext, session: Session, request: Request):
     """The other half of the race after a step-mode run (whose steps waited for clicks, so
     nothing could run alongside them): a fresh vanilla run, never one from earlier. Yields views."""
     key = request.vanilla_key()
-    events = ctx.engine.generate(request.prompt, tree=TreeConfig(method="vanilla"), sampling=request.sampling,
-                                 max_new_tokens=request.max_new_tokens)
+    events = ctx.engine.generate(prompt_ids=request.prompt_ids, tree=TreeConfig(method="vanilla"),
+                                 sampling=request.sampling, max_new_tokens=request.max_new_tokens)
     steps = []
     run = BackgroundRun(events, ctx.engine_thread)
     try:
@@ -131,13 +132,13 @@ def generate(ctx: AppContext, session: Session, step_mode: bool = False, race: b
     _check_flag("race", race)
     with session.running():
         start_tree, adapter = tree_plan(ctx, request)
-        events = ctx.engine.generate(request.prompt, tree=start_tree, sampling=request.sampling,
+        events = ctx.engine.generate(prompt_ids=request.prompt_ids, tree=start_tree, sampling=request.sampling,
                                      max_new_tokens=request.max_new_tokens, adapt=adapter)
         racing = race and request.tree.uses_draft and not step_mode
-        vanilla_events = ctx.engine.generate(request.prompt, tree=TreeConfig(method="vanilla"),
+        vanilla_events = ctx.engine.generate(prompt_ids=request.prompt_ids, tree=TreeConfig(method="vanilla"),
                                              sampling=request.sampling,
                                              max_new_tokens=request.max_new_tokens) if racing else None
-        session.start(request.settings(), _model_info(ctx))
+        session.start(request.settings(), _model_info(ctx), prompt_ids=request.prompt_ids)
         session.race_requested, session.adapter = race, adapter
         vanilla_steps: list[StepEvent] = []
         cached = vanilla_steps if racing else None
@@ -201,7 +202,7 @@ def step(ctx: AppContext, session: Session):
 
 def paused_run_bytes(ctx: AppContext, request: Request) -> int:
     """The KV caches a paused step-mode run holds (``limits.kv_bytes``)."""
-    prompt_tokens = len(ctx.engine.encode_prompt(request.prompt))
+    prompt_tokens = len(request.prompt_ids)
     tree_tokens = request.tree.total_tokens if request.tree.uses_draft else 0
     return kv_bytes(ctx.engine, prompt_tokens, request.max_new_tokens, tree_tokens)
 

@@ -46,7 +46,7 @@ def _measure_parting(ctx: AppContext, session: Session) -> None:
     first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
     if first is None:
         return
-    ids = ctx.engine.encode_prompt(session.settings["prompt"])
+    ids = list(session.prompt_ids) or ctx.engine.encode_prompt(session.settings["prompt"])
     (_, p1), (_, p2) = ctx.engine_thread.call(ctx.engine.top2_after, ids, a[:first])
     session.parting = {"index": first, "p1": p1, "p2": p2}
 
