@@ -93,6 +93,51 @@ def test_tree_rows_are_bit_identical_to_one_token_steps_embedded(embedded_target
                                  [deepest, n - 1])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_call_decoder_is_the_per_kernel_forward_bit_for_bit(dtype):
+    """``kernels.decoder`` (the stack in one C call, writing the cache in place) computes what
+    the per-kernel path computes: hidden states, tapped layer inputs, logits and the cached
+    keys and values, over a prefill, a causal block and a tree, across a cache that grows.
+    A cache of another kind takes the per-kernel path, with the same bits."""
+    from transformers import DynamicCache
+
+    target = tiny_target(seed=7, layers=3)
+    target.model.to(dtype)
+    decoder = forward.decoder_forward(Target(model=target.model, tokenizer=target.tokenizer, name="tiny",
+                                             device=target.device, dtype=dtype))
+    assert isinstance(decoder, RowwiseLlamaDecoder) and decoder.one_call
+    prefix = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12, 13]])
+    m = prefix.shape[1]
+    parents = [-1, 0, 0, 1, -1, 4]
+    tree_mask = torch.cat([torch.ones(7, m, dtype=torch.bool), tree_attention_mask(parents)], 1)[None, None]
+    tree_pos = torch.tensor([[m] + [m + d for d in depths_of(parents)]])
+    steps = [(torch.tensor([[20, 21, 22, 23]]), torch.arange(m, m + 4)[None],
+              torch.ones(4, m + 4, dtype=torch.bool).tril(m)[None, None]),            # a causal block
+             (torch.tensor([[30, 31, 32, 33, 34, 35, 36]]), tree_pos, tree_mask),       # a tree
+             (torch.tensor([[40]]), torch.tensor([[m]]), None)]                         # one token
+
+    def run(one_call: bool, cache) -> list[torch.Tensor]:
+        decoder.one_call = one_call
+        with torch.inference_mode():
+            hidden, taps = decoder.prefill(prefix, cache, layers=(2, 0))
+            out = [hidden, taps]
+            for ids, pos, mask in steps:
+                hidden, taps = decoder(ids, pos, mask, cache, layers=(1,))
+                out += [hidden, taps, decoder.logits(hidden[0])]
+                out += [t.clone() for layer in cache.layers for t in (layer.keys, layer.values)]
+                kv.crop(cache, m)
+        return out
+
+    try:
+        fused_run = run(True, kv.preallocated_cache(target.model, 4))      # capacity 4: the cache grows
+        for reference in (run(False, kv.preallocated_cache(target.model, 4)), run(True, DynamicCache())):
+            assert len(reference) == len(fused_run)
+            for a, b in zip(fused_run, reference):
+                assert a.shape == b.shape and torch.equal(a, b), (a - b).abs().max()
+    finally:
+        decoder.one_call = True
+
+
 def answer(engine, tree, n, prompt=None, prompt_ids=None) -> list[int]:
     events = list(engine.generate(prompt, prompt_ids=prompt_ids, tree=tree, sampling=SamplingConfig(temperature=0.0),
                                   max_new_tokens=n))

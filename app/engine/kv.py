@@ -91,6 +91,21 @@ class PreallocatedLayer(DynamicLayer):
         self._expose()
         return self.keys, self.values
 
+    def reserve(self, n: int, heads: int, head_dim: int) -> tuple[int, torch.Tensor, torch.Tensor]:
+        """Make room for ``n`` new positions and count them as cached, for a caller that writes
+        their keys and values into the buffers itself (the fast forward's one-call decoder,
+        app/engine/rowwise.py). Returns the first new position and the key and value buffers,
+        (B, heads, capacity, head_dim) each; float32 on the CPU if made here."""
+        if not self.is_initialized:
+            empty = torch.empty(1, heads, 0, head_dim)
+            self.lazy_initialization(empty, empty)
+        start = self.length
+        if start + n > self.capacity:
+            self._grow(max(2 * self.capacity, start + n))
+        self.length = start + n
+        self._expose()
+        return start, self.key_buffer, self.value_buffer
+
     def _grow(self, capacity: int) -> None:
         """Move the cached positions into buffers of ``capacity`` positions (one copy)."""
         for name in ("key_buffer", "value_buffer"):
@@ -132,6 +147,14 @@ class PreallocatedLayer(DynamicLayer):
             self.key_buffer = self.key_buffer[indices]
             self.value_buffer = self.value_buffer[indices]
             self._expose()
+
+
+def reserve(cache, n: int, heads: int, head_dim: int) -> list[tuple[int, torch.Tensor, torch.Tensor]] | None:
+    """``PreallocatedLayer.reserve`` on every layer of ``cache``, or None (and nothing
+    changed) unless it has layers and every one is a ``PreallocatedLayer``."""
+    if cache is None or not cache.layers or not all(isinstance(layer, PreallocatedLayer) for layer in cache.layers):
+        return None
+    return [layer.reserve(n, heads, head_dim) for layer in cache.layers]
 
 
 def preallocated_cache(model, capacity: int):

@@ -7,18 +7,25 @@ SmolLM2-135M in float32, 538 MB, about 20 ms at one core's ~26 GB/s. transformer
 forward reaches ~60 ms at one row and grows steeply with the row count (MKL's small-M sgemm
 reads the weights about once per row for 2-3 rows), which is why speculative decoding did
 not pay on AVX2 CPUs. ``app/engine/kernels`` computes x @ W.T over pre-packed weights in
-one pass for up to 6 rows (AVX-512; 2 on AVX2, the block then re-reads a weight group from
-the L2 cache), and softmax attention row by row; benchmarks/fast-forward/ has the
+one pass for up to 12 rows (AVX-512; 6 on AVX2, a larger block then re-reads a weight group
+from the L2 cache), and softmax attention row by row; benchmarks/fast-forward/ has the
 measurements against the alternatives (inductor, oneDNN, MKL).
+
+One call. With the engine's cache (``kv.PreallocatedLayer``: one buffer per layer) the whole
+decoder stack is one C call (``kernels.decoder``), which writes the new keys and values into
+the buffers itself: a one-row forward of SmolLM2-135M made ~270 kernel calls through ctypes
+and ~200 torch ops between them, ~1.8 ms of Python against ~11 ms of kernels in bfloat16
+(benchmarks/fast-forward/T-one-call.md). ``_forward_per_kernel`` is the same forward one
+kernel at a time, the readable reference and the path for any other cache.
 
 Exactness. Greedy EAGLE is lossless only if the target's logits for a position do not depend
 on how many other rows the forward carried: the tree's root row must be the token plain
 decoding would have computed alone. Every operation here is row-independent by
-construction: the kernels (products, attention, RMSNorm, SwiGLU) fix each element's order
-of operations (``rowwise.c``), RoPE reads cos/sin from a per-position table, and the
-remaining torch ops (RoPE's products, residual adds) are single IEEE operations per element. So a run's vanilla steps, its prefill rows
-and its verify rows agree bit for bit (tested over tree sizes), in float32 and in the
-bfloat16 mode alike.
+construction: the kernels (products, attention, RMSNorm, SwiGLU, RoPE) fix each element's
+order of operations (``rowwise.c``), RoPE reads cos/sin from a per-position table, and the
+residual adds are single IEEE operations per element (torch's or the one-call decoder's).
+So a run's vanilla steps, its prefill rows and its verify rows agree bit for bit (tested
+over tree sizes), in float32 and in the bfloat16 mode alike.
 
 bfloat16 mode: the weights are stored in bfloat16 (half the bytes to read), activations,
 the KV cache and all accumulation stay float32. Its output may differ from a float32 run
@@ -33,7 +40,7 @@ import torch
 from torch import nn
 from transformers.models.llama.modeling_llama import rotate_half   # as fused.py: Mistral's is the same
 
-from app.engine import kernels
+from app.engine import kernels, kv
 from app.engine.fused import FusedLlamaDecoder
 
 
@@ -43,7 +50,10 @@ class RowwiseLlamaDecoder(FusedLlamaDecoder):
     Returns float32 hidden states whatever the model's dtype (``logits`` reads them)."""
 
     # part of the autotune cost-cache key: cached cost curves of another forward are not reused
-    name = "rowwise-v1"
+    name = "rowwise-v2"       # v2: the decoder stack in one C call (was ~270 calls through ctypes + torch ops)
+    # run the stack as one C call when the cache is kv.PreallocatedLayer's (else, or False:
+    # ``_forward_per_kernel``, one call per kernel; scripts/forward_kernels.py times both)
+    one_call = True
     # verify runs the LM head over every row of trees up to this size in one call: a call reads
     # the (V, H) weight once for up to a register block of rows, so computing the leaves too
     # costs less than a second call for the accepted leaf's bonus token
@@ -65,6 +75,16 @@ class RowwiseLlamaDecoder(FusedLlamaDecoder):
         self.final_norm = self.body.norm.weight.detach().float()
         self.final_eps = self.body.norm.variance_epsilon
         self.lm_head = kernels.Packed(model.get_output_embeddings().weight)
+        self.inner = self.layers[0]["down"].in_features                        # the MLP's I
+        # the C decoder's view of every layer (kernels.Layer); the cache fields are set per call
+        self._c_layers = (kernels.Layer * len(self.layers))()
+        for c, w in zip(self._c_layers, self.layers):
+            c.norm1, c.norm2 = w["norm1"].data_ptr(), w["norm2"].data_ptr()
+            c.eps1, c.eps2, c.scale = w["eps1"], w["eps2"], w["scaling"]
+            c.qkv, c.o = w["qkv"].data.data_ptr(), w["o"].data.data_ptr()
+            c.gate_up, c.down = w["gate_up"].data.data_ptr(), w["down"].data.data_ptr()
+            c.wbf16 = w["qkv"].bf16
+            assert w["qkv"].bf16 == w["o"].bf16 == w["gate_up"].bf16 == w["down"].bf16
         self._cos = self._sin = torch.empty(0, device="cpu")
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,9 +100,34 @@ class RowwiseLlamaDecoder(FusedLlamaDecoder):
 
     def __call__(self, ids, positions, mask, cache, layers: tuple[int, ...] = ()):
         n = ids.shape[1]
-        x = self.body.embed_tokens(ids)[0].float()                              # (n, H)
+        x = self.body.embed_tokens(ids)[0].float().contiguous()               # (n, H)
         cos, sin = self._rope(positions)                                        # (n, d)
         keep = None if mask is None else mask[0, 0].to(torch.uint8).contiguous()   # (n, L), once for all layers
+        slots = kv.reserve(cache, n, self.kv_heads, self.head_dim) if self.one_call else None
+        if slots is None:
+            return self._forward_per_kernel(x, cos, sin, keep, cache, layers)
+        # one C call for the whole stack: it writes the new keys and values into the buffers
+        # reserved above (positions [cached, cached + n) of every layer)
+        assert len(slots) == len(self.layers) and len({start for start, _, _ in slots}) == 1
+        cached = slots[0][0]
+        for c, (_, keys, values) in zip(self._c_layers, slots):
+            assert keys.shape[0] == 1 and keys.is_contiguous() and keys.dtype == torch.float32
+            c.keys, c.values, c.kv_head = keys.data_ptr(), values.data_ptr(), keys.stride(1)
+        tap = taps = None
+        if layers:
+            slot = {layer: s for s, layer in enumerate(layers)}
+            assert len(slot) == len(layers) and all(0 <= i < len(self.layers) for i in layers), layers
+            tap = [slot.get(i, -1) for i in range(len(self.layers))]
+            taps = torch.empty(n, len(layers) * x.shape[1])                    # (n, k·H)
+        hidden = kernels.decoder(x, self._c_layers, self.heads, self.kv_heads, self.head_dim, self.inner, cos, sin,
+                                 cached, keep, tap, taps, self.final_norm, self.final_eps)[None]   # (1, n, H)
+        return hidden if not layers else (hidden, taps[None])
+
+    def _forward_per_kernel(self, x, cos, sin, keep, cache, layers):
+        """The same forward, one kernel call per operation and the cache written by
+        ``cache.update``: any cache kind. ``kernels.decoder`` runs exactly these steps in C
+        (the tests check the two agree bit for bit); this is the readable reference."""
+        n = x.shape[0]
         qk_heads = self.heads + self.kv_heads
         d = self.head_dim
         taps: dict[int, torch.Tensor] = {}

@@ -31,6 +31,18 @@ _lib = None
 _why_not: str | None = None
 
 
+class Layer(ctypes.Structure):
+    """``struct rowwise_layer`` of rowwise.c: one decoder layer's weights and KV-cache buffers
+    for ``decoder``. The tensors behind the pointers must outlive every call (the caller
+    keeps them)."""
+
+    _fields_ = [("norm1", ctypes.c_void_p), ("norm2", ctypes.c_void_p),
+                ("eps1", ctypes.c_float), ("eps2", ctypes.c_float), ("scale", ctypes.c_float),
+                ("qkv", ctypes.c_void_p), ("o", ctypes.c_void_p), ("gate_up", ctypes.c_void_p),
+                ("down", ctypes.c_void_p), ("wbf16", ctypes.c_int),
+                ("keys", ctypes.c_void_p), ("values", ctypes.c_void_p), ("kv_head", ctypes.c_long)]
+
+
 def cpu_flags() -> set[str]:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -131,6 +143,12 @@ def load(log=None):
             lib.rowwise_rope.restype = None
             lib.rowwise_rope.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_int, ctypes.c_int,
                                          ctypes.c_void_p, ctypes.c_void_p]
+            lib.rowwise_decoder.restype = None
+            lib.rowwise_decoder.argtypes = [
+                ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(Layer), ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_float,
+                ctypes.c_void_p, ctypes.c_int]
             lib.kind = kind
             _lib = lib
     return _lib
@@ -236,3 +254,32 @@ def rope_(qkv: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin: 
     n = qkv.shape[0]
     (_lib or load()).rowwise_rope(qkv.data_ptr(), n, qkv.stride(0), heads, head_dim, cos.data_ptr(), sin.data_ptr())
     return qkv
+
+
+def decoder(x: torch.Tensor, layers, heads: int, kv_heads: int, head_dim: int, inner: int,
+            cos: torch.Tensor, sin: torch.Tensor, cached: int, mask: torch.Tensor | None,
+            tap: list[int] | None, taps: torch.Tensor | None, final_norm: torch.Tensor, final_eps: float) -> torch.Tensor:
+    """The whole decoder stack over n rows in one call (``rowwise_decoder``): per layer
+    RMSNorm, [q; k; v], RoPE, the new keys and values written into each layer's cache buffers
+    at positions [cached, cached + n), attention, o-projection + residual, RMSNorm, SwiGLU MLP
+    + residual; then the final RMSNorm. The same kernels in the same order as one call each.
+
+    x (n, H) float32 contiguous, the embeddings (overwritten with the residual stream);
+    layers a ``Layer`` array with its cache fields set; cos, sin (n, d) float32 contiguous;
+    mask (n, cached + n) uint8 contiguous or None (causal); tap (len(layers),) -1 or a slot,
+    taps (n, slots·H) float32 contiguous receiving the tapped layers' inputs.
+    Returns (n, H) float32."""
+    n, H = x.shape
+    assert x.is_contiguous() and x.dtype == torch.float32
+    assert cos.shape == sin.shape == (n, head_dim) and cos.is_contiguous() and sin.is_contiguous()
+    assert (taps is None) == (not tap) and (taps is None or (taps.is_contiguous() and taps.shape[0] == n
+                                                            and taps.shape[1] >= (max(tap) + 1) * H))
+    assert mask is None or (mask.dtype == torch.uint8 and mask.is_contiguous() and mask.shape == (n, cached + n))
+    out = torch.empty_like(x)
+    tap_arr = (ctypes.c_int * len(layers))(*tap) if tap else None
+    (_lib or load()).rowwise_decoder(
+        x.data_ptr(), n, layers, len(layers), H, heads, kv_heads, head_dim, inner, cos.data_ptr(), sin.data_ptr(),
+        cached, mask.data_ptr() if mask is not None else None, tap_arr,
+        taps.data_ptr() if taps is not None else None, taps.stride(0) if taps is not None else 0,
+        final_norm.data_ptr(), float(final_eps), out.data_ptr(), torch.get_num_threads())
+    return out
