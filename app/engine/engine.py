@@ -26,7 +26,7 @@ token from its last row, as plain decoding does; from step 1 on, every step is f
              features as the head's next pending pairs.
     record   the StepEvent: the tree with every node's fate, the rule that ran, timings.
 
-EAGLE-3 (``eagle3_head.Eagle3Head``) changes what the head reads, not the verbs: its f[j]
+EAGLE-3 (``heads.eagle3.Eagle3Head``) changes what the head reads, not the verbs: its f[j]
 is the target's low/mid/high layers at j (3H wide, returned by the same prefill and verify
 forwards), what it feeds back at deeper levels is its own hidden state, and it drafts over
 its own vocabulary with its own LM head.
@@ -70,7 +70,7 @@ class Engine:
         restricting it to the tokens the target actually writes makes drafting several times
         cheaper. Verification is untouched, so output stays lossless; only acceptance can
         drop when the target's token lies outside the set. ``medusa``: optional
-        ``drafters.medusa.MedusaHeads`` for the medusa method."""
+        ``heads.medusa.MedusaHeads`` for the medusa method."""
         self.target = target
         self.head = head
         self.medusa = medusa

@@ -1,6 +1,6 @@
 """Training an EAGLE-3 head (2503.01840): fused target layers, training-time test, token loss.
 
-Notation as in app/engine/eagle3_head.py: a conversation is tokens x[0..T-1]; the target gives
+Notation as in app/engine/heads/eagle3.py: a conversation is tokens x[0..T-1]; the target gives
 at every position j its low/mid/high layer inputs g[j] (3H, stored by the data stage with
 ``--arch eagle3``) and its final feature f[j], whose LM-head distribution p[j] is the
 target's distribution of x[j+1].
