@@ -857,3 +857,23 @@ def test_the_page_load_shows_the_first_demo_but_keeps_the_pages_tree(ctx):
     clicked = event("load_demo", name)
     for k in TREE_SETTINGS:
         assert clicked[control(k)] == control_value(k, demo_settings.get(k, page[k]), ctx.config), k
+
+
+def test_every_view_is_named_by_its_enum_and_has_one_component(ctx, finished):
+    """The views' names are enums (``RunView``, ``ExploreView``, ``MethodsView``) whose values
+    are the names the page always used: every key a run yields is a member, every member has
+    exactly one component, and the main events' outputs keep their first-release order."""
+    import gradio as gr
+
+    from app.ui.blocks import RUN_VIEWS
+    from app.ui.blocks.layout import build_layout
+    from app.ui.methods import MethodsView
+
+    _, views = finished
+    assert set().union(*views) <= set(handlers.RunView)
+    with gr.Blocks():
+        c = build_layout(ctx, {})
+    assert set(c.outputs) == set(handlers.RunView) | set(handlers.ExploreView) | set(MethodsView)
+    assert list(RUN_VIEWS)[:11] == ["status", "stream", "tree", "speedup", "race", "slider", "phases", "depth",
+                                    "calibration", "per_step", "trace_file"]
+    assert c.outputs["tree"] is c.outputs[handlers.RunView.TREE]            # a member finds a name's entry

@@ -16,6 +16,7 @@ acceptance, and greedy output makes losslessness visible token for token.
 from __future__ import annotations
 
 import dataclasses
+from enum import StrEnum
 from typing import Iterator
 
 from app.engine.config import TreeConfig
@@ -31,7 +32,16 @@ from app.viz.methods import METHOD_NAMES, literature_table, methods_race_figure,
 
 MIN_METHODS, MAX_METHODS = 2, 4
 DEFAULT_TOKENS = 64
-VIEW_NAMES = ("methods_status", "methods_race", "methods_trees", "methods_table", "methods_literature")
+
+
+class MethodsView(StrEnum):
+    """The comparison's views, in the order of its event's outputs (API ``/compare_methods``)."""
+
+    STATUS = "methods_status"
+    RACE = "methods_race"
+    TREES = "methods_trees"
+    TABLE = "methods_table"
+    LITERATURE = "methods_literature"
 
 
 def available_methods(ctx: AppContext) -> list[str]:
@@ -108,11 +118,11 @@ def _drafter(steps: list[StepEvent]) -> str:
 def methods_view(steps: dict[str, list[StepEvent]], summaries: dict, status: str, final: bool) -> dict:
     drafted = {m: _drafter(s) for m, s in steps.items()}
     panels = [(METHOD_NAMES.get(m, m), _shown_step(s, final)) for m, s in steps.items() if m != "vanilla"]
-    return {"methods_status": status,
-            "methods_race": methods_race_figure(steps),
-            "methods_trees": trees_side_by_side(panels, revision="methods-trees") if panels else None,
-            "methods_table": methods_table(summaries, drafted, steps),
-            "methods_literature": literature_table(summaries, steps)}
+    return {MethodsView.STATUS: status,
+            MethodsView.RACE: methods_race_figure(steps),
+            MethodsView.TREES: trees_side_by_side(panels, revision="methods-trees") if panels else None,
+            MethodsView.TABLE: methods_table(summaries, drafted, steps),
+            MethodsView.LITERATURE: literature_table(summaries, steps)}
 
 
 def compare_methods(ctx: AppContext, session: Session, prompt, methods, max_new_tokens=DEFAULT_TOKENS,

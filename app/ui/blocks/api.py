@@ -13,6 +13,7 @@ import gradio as gr
 from app.engine.config import TreeConfig
 from app.engine.spec import SETTINGS
 from app.ui import handlers, methods
+from app.ui.handlers import ExploreView, RunView
 from app.ui.requests import SETTING_NAMES, TREE_KNOBS, Checked
 from app.ui.settings import gpu
 from app.viz.safe import page_message
@@ -20,23 +21,24 @@ from app.viz.safe import page_message
 ENGINE = "engine"   # the concurrency id shared by every event that runs the model
 
 
-# View name -> the order of outputs of the main events.
-# (The first release's outputs keep their places; later views are appended, so the API's
-# output order never changes.)
-RUN_VIEWS = ("status", "stream", "tree", "speedup", "race", "slider", "phases", "depth", "calibration", "per_step",
-             "trace_file", "mask", "mask_caption", "kv", "kv_caption", "ab_trees", "ab", "ab_caption")
-REPLAY_VIEWS = ("stream", "tree", "phases", "mask", "mask_caption", "kv", "kv_caption", "ab_trees", "status")
-PLAY_VIEWS = REPLAY_VIEWS + ("slider",)
-EXPLORE_VIEWS = ("explorer_plot", "explorer_status")
-COMPARE_VIEWS = ("ab", "ab_trees", "ab_caption")
-METHODS_VIEWS = methods.VIEW_NAMES
+# The order of outputs of each event, by view. The main events' is ``RunView``'s own order
+# (the first release's outputs keep their places, later views are appended, so the API's
+# output order never changes); the explorer's and the comparison's are their enums'.
+RUN_VIEWS = tuple(RunView)
+# the slider (a step of the run on screen) and the pin: a few of the run's views, in this order
+REPLAY_VIEWS = (RunView.STREAM, RunView.TREE, RunView.PHASES, RunView.MASK, RunView.MASK_CAPTION, RunView.KV,
+                RunView.KV_CAPTION, RunView.AB_TREES, RunView.STATUS)
+PLAY_VIEWS = REPLAY_VIEWS + (RunView.SLIDER,)
+COMPARE_VIEWS = (RunView.AB, RunView.AB_TREES, RunView.AB_CAPTION)
+EXPLORE_VIEWS = tuple(ExploreView)
+METHODS_VIEWS = tuple(methods.MethodsView)
 
 
 def _to_output(name: str, value):
-    if name == "slider" and isinstance(value, tuple):   # (maximum, value): a range change
+    if name == RunView.SLIDER and isinstance(value, tuple):   # (maximum, value): a range change
         maximum, current = value
         return gr.Slider(minimum=0, maximum=max(maximum, 1), value=current, step=1)
-    if name == "trace_file":
+    if name == RunView.TRACE_FILE:
         return gr.DownloadButton(value=value, interactive=value is not None)
     return value
 
@@ -47,7 +49,7 @@ def _outputs(view: dict, names) -> tuple:
 
 def _plain(name: str, value):
     """The plain value of a view entry, for resending it unchanged (no property update)."""
-    return value[1] if name == "slider" and isinstance(value, tuple) else value
+    return value[1] if name == RunView.SLIDER and isinstance(value, tuple) else value
 
 
 @contextlib.contextmanager

@@ -11,6 +11,7 @@ from app.engine.spec import SETTING, SETTINGS, Setting
 from app.ui import handlers, methods
 from app.ui.blocks.api import ACCORDIONS, FOLDED, page_defaults
 from app.ui.explain import EXAMPLES, HOW_IT_WORKS, HOW_IT_WORKS_VIEWS, WHAT_IS_THIS, header_markdown
+from app.ui.handlers import ExploreView, RunView
 from app.ui.requests import AUTO_PRESET, CUSTOM_PRESET, SETTING_NAMES, SWEEP_KNOBS, TREE_PRESETS
 from app.ui.session import Session, close_session
 from app.ui.settings import AppContext, ServerConfig
@@ -43,7 +44,7 @@ class Components:
     sidebar: gr.Sidebar
     example: gr.Dropdown
     preset: gr.Dropdown
-    outputs: dict               # view name -> component (RUN_VIEWS, EXPLORE_VIEWS)
+    outputs: dict               # view (RunView, ExploreView, MethodsView) -> its component
     play_btn: gr.Button
     play_speed: gr.Dropdown
     timer: gr.Timer
@@ -170,13 +171,13 @@ def _stage() -> dict:
     out = {}
     with gr.Row(elem_id="stage", equal_height=False):
         with gr.Column(scale=6, min_width=420):
-            out["tree"] = gr.Plot(label="Draft tree of the step shown", elem_id="tree-plot", show_label=False)
+            out[RunView.TREE] = gr.Plot(label="Draft tree of the step shown", elem_id="tree-plot", show_label=False)
             gr.Markdown(tree_caption(), elem_id="tree-caption", elem_classes=["caption"])
         with gr.Column(scale=5, min_width=380):
-            out["status"] = gr.Markdown("", elem_id="status")
+            out[RunView.STATUS] = gr.Markdown("", elem_id="status")
             with gr.Row(elem_id="player"):
-                out["slider"] = gr.Slider(0, 1, value=0, step=1, label="Step (0 = the prefill, then 1, 2, …)",
-                                          elem_id="step-slider", scale=4)
+                out[RunView.SLIDER] = gr.Slider(0, 1, value=0, step=1, label="Step (0 = the prefill, then 1, 2, …)",
+                                                elem_id="step-slider", scale=4)
                 with gr.Column(scale=1, min_width=110):
                     play = dict(play_btn=gr.Button("▶ Play", elem_id="play-btn", size="sm"),
                                 play_speed=gr.Dropdown(list(PLAY_SPEEDS), value="1 s a step", show_label=False,
@@ -184,22 +185,22 @@ def _stage() -> dict:
                                 timer=gr.Timer(PLAY_SPEEDS["1 s a step"], active=False))
             with gr.Tabs(elem_id="step-tabs"):
                 with gr.Tab("What happened", elem_id="phases-tab"):
-                    out["phases"] = gr.Markdown(handlers.phase_account(None), elem_id="phases")
+                    out[RunView.PHASES] = gr.Markdown(handlers.phase_account(None), elem_id="phases")
                 with gr.Tab("Attention mask", elem_id="mask-tab"):
-                    out["mask"] = gr.Plot(elem_id="mask-plot", show_label=False)
-                    out["mask_caption"] = gr.Markdown("", elem_id="mask-caption", elem_classes=["caption"])
+                    out[RunView.MASK] = gr.Plot(elem_id="mask-plot", show_label=False)
+                    out[RunView.MASK_CAPTION] = gr.Markdown("", elem_id="mask-caption", elem_classes=["caption"])
                 with gr.Tab("KV cache", elem_id="kv-tab"):
-                    out["kv"] = gr.Plot(elem_id="kv-plot", show_label=False)
-                    out["kv_caption"] = gr.Markdown("", elem_id="kv-caption", elem_classes=["caption"])
+                    out[RunView.KV] = gr.Plot(elem_id="kv-plot", show_label=False)
+                    out[RunView.KV_CAPTION] = gr.Markdown("", elem_id="kv-caption", elem_classes=["caption"])
     with gr.Row():
         with gr.Column(scale=1):
-            out["stream"] = gr.HTML(handlers.stream_html([]), label="Token stream", elem_id="token-stream")
+            out[RunView.STREAM] = gr.HTML(handlers.stream_html([]), label="Token stream", elem_id="token-stream")
             gr.HTML(legend_html())
         with gr.Column(scale=1):
-            out["speedup"] = gr.Markdown("", elem_id="speedup")
+            out[RunView.SPEEDUP] = gr.Markdown("", elem_id="speedup")
             pin_btn = gr.Button("Pin this run as A (then run B: compare them in the tab Compare A/B)",
                                 elem_id="pin-btn", size="sm")
-            out["race"] = gr.Plot(label="Speed race", elem_id="race-plot")
+            out[RunView.RACE] = gr.Plot(label="Speed race", elem_id="race-plot")
     return dict(out, pin_btn=pin_btn, **play)
 
 
@@ -215,8 +216,8 @@ def _explorer_tab(cfg: ServerConfig) -> dict:
                      count=gr.Slider(2, cfg.explore_max_values, value=4, step=1, label="values",
                                      elem_id="explore-count"))
     parts["explore_btn"] = gr.Button("Run sweep", elem_id="explore-btn")
-    views = dict(explorer_status=gr.Markdown("", elem_id="explore-status"),
-                 explorer_plot=gr.Plot(label="Sweep", elem_id="explore-plot"))
+    views = {ExploreView.STATUS: gr.Markdown("", elem_id="explore-status"),
+             ExploreView.PLOT: gr.Plot(label="Sweep", elem_id="explore-plot")}
     return dict(parts, views=views)
 
 
@@ -238,16 +239,17 @@ def _traces_tab(demos: dict[str, str]) -> dict:
         demo_choice = gr.Dropdown(list(demos), value=next(iter(demos), None), label="Recorded demos",
                                   elem_id="demo-choice")
         demo_btn = gr.Button("Show demo", elem_id="demo-btn")
-    return dict(upload=upload, demo_choice=demo_choice, demo_btn=demo_btn, views={"trace_file": download})
+    return dict(upload=upload, demo_choice=demo_choice, demo_btn=demo_btn, views={RunView.TRACE_FILE: download})
 
 
 def _compare_tab() -> dict:
     gr.Markdown("Pin a run as **A** (the button under the speedup), then run another — change the tree, "
                 "the method or the temperature, or load another demo: that run is **B**. One pinned run is "
                 "kept; pinning again replaces it. The trees are drawn at the step the slider shows.")
-    return dict(ab_caption=gr.Markdown("_Nothing pinned yet._", elem_id="ab-caption"),
-                ab=gr.Plot(label="A against B", elem_id="ab-plot", show_label=False),
-                ab_trees=gr.Plot(label="The two trees at the same step", elem_id="ab-trees-plot", show_label=False))
+    return {RunView.AB_CAPTION: gr.Markdown("_Nothing pinned yet._", elem_id="ab-caption"),
+            RunView.AB: gr.Plot(label="A against B", elem_id="ab-plot", show_label=False),
+            RunView.AB_TREES: gr.Plot(label="The two trees at the same step", elem_id="ab-trees-plot",
+                                      show_label=False)}
 
 
 def _methods_tab(ctx: AppContext) -> dict:
@@ -264,11 +266,12 @@ def _methods_tab(ctx: AppContext) -> dict:
                      methods_tokens=gr.Slider(16, 128, value=methods.DEFAULT_TOKENS, step=16, label="new tokens",
                                               elem_id="compare-tokens", scale=1))
     parts["methods_btn"] = gr.Button("Run the comparison", elem_id="compare-methods-btn")
-    views = dict(methods_status=gr.Markdown("", elem_id="methods-status"),
-                 methods_table=gr.Markdown("", elem_id="methods-table"),
-                 methods_race=gr.Plot(label="Tokens vs time", elem_id="methods-race-plot", show_label=False),
-                 methods_trees=gr.Plot(label="Each method's tree", elem_id="methods-trees-plot", show_label=False),
-                 methods_literature=gr.Markdown(methods.literature_table({}), elem_id="methods-literature"))
+    view = methods.MethodsView
+    views = {view.STATUS: gr.Markdown("", elem_id="methods-status"),
+             view.TABLE: gr.Markdown("", elem_id="methods-table"),
+             view.RACE: gr.Plot(label="Tokens vs time", elem_id="methods-race-plot", show_label=False),
+             view.TREES: gr.Plot(label="Each method's tree", elem_id="methods-trees-plot", show_label=False),
+             view.LITERATURE: gr.Markdown(methods.literature_table({}), elem_id="methods-literature")}
     return dict(parts, views=views)
 
 
@@ -287,16 +290,18 @@ def _tabs(ctx: AppContext, demos: dict[str, str]) -> dict:
                         "confidence predicts that (calibration), and how many tokens each step wrote.",
                         elem_classes=["caption"])
             with gr.Row():
-                views.update(depth=gr.Plot(label="Acceptance by depth", elem_id="depth-plot"),
-                             calibration=gr.Plot(label="Calibration", elem_id="calibration-plot"),
-                             per_step=gr.Plot(label="Tokens per step", elem_id="per-step-plot"))
+                views.update({RunView.DEPTH: gr.Plot(label="Acceptance by depth", elem_id="depth-plot"),
+                              RunView.CALIBRATION: gr.Plot(label="Calibration", elem_id="calibration-plot"),
+                              RunView.PER_STEP: gr.Plot(label="Tokens per step", elem_id="per-step-plot")})
         with gr.Tab("Threshold explorer"):
             explorer = _explorer_tab(ctx.config)
         with gr.Tab("Tree size for this machine", elem_id="tree-size-tab"):
             _tree_size_tab(ctx)
         with gr.Tab("Traces"):
             traces_tab = _traces_tab(demos)
-    views.update(explorer.pop("views"), **traces_tab.pop("views"), **methods_tab.pop("views"))
+    views.update(explorer.pop("views"))
+    views.update(traces_tab.pop("views"))
+    views.update(methods_tab.pop("views"))
     return dict(explorer, **traces_tab, **methods_tab, views=views)
 
 

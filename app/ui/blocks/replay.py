@@ -7,6 +7,7 @@ import gradio as gr
 from app.ui import handlers, limits, traces
 from app.ui.blocks.api import PLAY_VIEWS, REPLAY_VIEWS, RUN_VIEWS, _once, _outputs, page_errors, page_defaults, precheck
 from app.ui.blocks.layout import PLAY_SPEEDS, Components, control_value
+from app.ui.handlers import RunView
 from app.ui.requests import SETTING_NAMES, TREE_KNOBS, preset_of
 from app.ui.session import Session
 from app.ui.settings import AppContext
@@ -82,7 +83,7 @@ def wire_replay_and_traces(demo: gr.Blocks, c: Components, ctx: AppContext, demo
         its prompt in the box; the tree's knobs stay the page's (``TREE_SETTINGS``)."""
         return show_demo(session, next(iter(demos)), tree=False) if demos else loaded(session, dict)
 
-    slider = c.outputs["slider"]
+    slider = c.outputs[RunView.SLIDER]
     slider.input(replay, [c.session, slider], c.views(REPLAY_VIEWS), api_name="replay",
                  trigger_mode="always_last", preprocess=False)
     c.upload.upload(precheck(lambda path: handlers.read_trace_file(ctx, path)), [c.upload], None,
@@ -109,10 +110,10 @@ def wire_autoplay(c: Components) -> None:
             view, more = handlers.play_step(session, index)
         return _outputs(view, PLAY_VIEWS) + (more, gr.Timer(active=more), "⏸ Pause" if more else "▶ Play")
 
-    c.play_btn.click(toggle, [playing, c.session, c.outputs["slider"]],
-                     [playing, c.timer, c.play_btn, c.outputs["slider"]], api_visibility="private",
+    c.play_btn.click(toggle, [playing, c.session, c.outputs[RunView.SLIDER]],
+                     [playing, c.timer, c.play_btn, c.outputs[RunView.SLIDER]], api_visibility="private",
                      show_progress="hidden", preprocess=False)
-    c.timer.tick(tick, [c.session, c.outputs["slider"]], c.views(PLAY_VIEWS) + [playing, c.timer, c.play_btn],
+    c.timer.tick(tick, [c.session, c.outputs[RunView.SLIDER]], c.views(PLAY_VIEWS) + [playing, c.timer, c.play_btn],
                  api_visibility="private", show_progress="hidden", preprocess=False)
     c.play_speed.change(lambda name: gr.Timer(value=PLAY_SPEEDS.get(name, 1.0)), [c.play_speed], [c.timer],
                         api_visibility="private", show_progress="hidden", queue=False)

@@ -28,8 +28,9 @@ from app.ui.handlers.ab import compare_view, pin, run_label  # noqa: F401
 from app.ui.handlers.common import (RACE_CHUNK_TOKENS, _check_flag, _check_step_mode, _load_average,  # noqa: F401
                                     _model_info, judge, parse, use_request_threads)
 from app.ui.handlers.demos import load_demo  # noqa: F401
-from app.ui.handlers.explorer import (EXPLORE_REPEATS, SWEEP_FIELDS, Sweep, _explore, _finite,  # noqa: F401
-                                      _run_to_summary, _sweep_results, check_explore, explore, sweep_values, verdict)
+from app.ui.handlers.explorer import (EXPLORE_REPEATS, SWEEP_FIELDS, ExploreView, Sweep, _explore,  # noqa: F401
+                                      _finite, _run_to_summary, _sweep_results, check_explore, explore,
+                                      sweep_values, verdict)
 from app.ui.handlers.replay import (TRACE_DIR, TRACE_MAX_AGE_S, _live_model, instructive_step,  # noqa: F401
                                     load_trace_file, play_step, prune_traces, read_trace_file, recorded_where,
                                     replay_view, show_trace, write_trace)
@@ -38,8 +39,8 @@ from app.ui.handlers.run import (STOP_WAIT_S, _done_status, _finish, _raced, _ru
                                  tree_plan)
 from app.ui.handlers.speedup import (_identical_note, _measure_parting, session_race,  # noqa: F401
                                      speedup_decomposition, speedup_headline, speedup_text)
-from app.ui.handlers.views import (TREE_PX, _rate, _switch_reasons, final_view, live_view, run_status,  # noqa: F401
-                                   step_view)
+from app.ui.handlers.views import (TREE_PX, RunView, _rate, _switch_reasons, final_view, live_view,  # noqa: F401
+                                   run_status, step_view)
 
 # names the module imported before it was split, still importable from here
 from app.engine.config import TreeConfig  # noqa: F401,E402

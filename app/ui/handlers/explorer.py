@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from enum import StrEnum
 
 from app.engine.spec import SETTING, shown
 from app.ui.handlers import common
@@ -16,6 +17,13 @@ from app.viz.insights import explorer_figure
 
 
 SWEEP_FIELDS = ("knob", "start", "stop", "count")   # the explorer's own inputs, before the settings
+
+
+class ExploreView(StrEnum):
+    """The explorer's views, in the order of its event's outputs (API ``/explore``)."""
+
+    PLOT = "explorer_plot"
+    STATUS = "explorer_status"
 
 
 def _finite(name: str, value) -> float:
@@ -148,21 +156,21 @@ def _explore(ctx: AppContext, session: Session, sweep: Sweep, repeats: int = EXP
     for round_ in range(repeats):
         for i, (value, run) in enumerate(sweep.runs):
             if session.stop_requested:
-                yield {"explorer_status": f"stopped after {done} of {total} runs."}
+                yield {ExploreView.STATUS: f"stopped after {done} of {total} runs."}
                 return
-            yield {"explorer_status": f"run {done + 1}/{total}: {knob} = {value}"
-                                      f"{f' (again, round {round_ + 1} of {repeats})' if round_ else ''}, "
-                                      f"{run.max_new_tokens} tokens…"}
+            yield {ExploreView.STATUS: f"run {done + 1}/{total}: {knob} = {value}"
+                                       f"{f' (again, round {round_ + 1} of {repeats})' if round_ else ''}, "
+                                       f"{run.max_new_tokens} tokens…"}
             events = ctx.engine.generate(prompt_ids=run.prompt_ids, tree=run.tree, sampling=run.sampling,
                                          max_new_tokens=run.max_new_tokens)
             runs[i].append(ctx.engine_thread.call(_run_to_summary, events))
             done += 1
-            yield {"explorer_plot": explorer_figure(knob, _sweep_results(sweep, runs), best=None)}
+            yield {ExploreView.PLOT: explorer_figure(knob, _sweep_results(sweep, runs), best=None)}
     results = _sweep_results(sweep, runs)
     best, note = verdict(knob, results)
     if sweep.skipped:
         note += " Skipped: " + "; ".join(sweep.skipped)
-    yield {"explorer_plot": explorer_figure(knob, results, best=best), "explorer_status": note}
+    yield {ExploreView.PLOT: explorer_figure(knob, results, best=best), ExploreView.STATUS: note}
 
 
 def _sweep_results(sweep: Sweep, runs: dict[int, list]) -> list[dict]:

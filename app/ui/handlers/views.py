@@ -3,6 +3,8 @@ the A/B trees), of a run while it streams (``live_view``) and of a finished run
 (``final_view``), with its status line. Pure functions of the session."""
 from __future__ import annotations
 
+from enum import StrEnum
+
 from app.engine.events import StepEvent, decoding_steps
 from app.ui.handlers.ab import compare_view, run_label
 from app.ui.handlers.speedup import speedup_headline, speedup_text
@@ -14,6 +16,34 @@ from app.viz.race import race_figure
 from app.viz.stream import stream_html
 from app.viz.tree import tree_figure
 from app.viz.verify_view import kv_caption, kv_figure, mask_caption, mask_figure
+
+
+class RunView(StrEnum):
+    """The views of a run on the page, each a component (``blocks/layout.py``) and a key of the
+    handlers' view dicts (a member equals its string, so either spelling finds it). The
+    members' order is the order of outputs of the main events (Generate, Step, Stop, a
+    loaded trace), so of the public API: the first release's keep their places, a new view
+    is appended at the end."""
+
+    STATUS = "status"
+    STREAM = "stream"
+    TREE = "tree"
+    SPEEDUP = "speedup"
+    RACE = "race"
+    SLIDER = "slider"
+    PHASES = "phases"
+    DEPTH = "depth"
+    CALIBRATION = "calibration"
+    PER_STEP = "per_step"
+    TRACE_FILE = "trace_file"
+    MASK = "mask"
+    MASK_CAPTION = "mask_caption"
+    KV = "kv"
+    KV_CAPTION = "kv_caption"
+    AB_TREES = "ab_trees"
+    AB = "ab"
+    AB_CAPTION = "ab_caption"
+
 
 # The tree plot's figure height: fixed, so the page does not jump while a run streams (a taller
 # tree scrolls inside its panel, see static/app.css).
