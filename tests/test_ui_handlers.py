@@ -699,11 +699,13 @@ def test_a_parting_in_reduced_precision_is_explained_by_the_targets_top2(ctx):
     import torch
     from dataclasses import replace
 
+    from app.engine.precision import top2_after
+
     session = Session()
     list(handlers.generate(ctx, session, **BASE))
     assert session.parting is None                                  # float32: identical, nothing measured
     ids = ctx.engine.encode_prompt(PROMPT)
-    (t1, p1), (t2, p2) = ctx.engine.top2_after(ids, session.summary.token_ids[:3])
+    (t1, p1), (t2, p2) = top2_after(ctx.engine.target, ids, session.summary.token_ids[:3])
     with torch.no_grad():
         ref = torch.softmax(ctx.engine.target.model(torch.tensor([ids + session.summary.token_ids[:3]])).logits[0, -1], -1)
     assert (t1, t2) == tuple(torch.topk(ref, 2).indices.tolist()) and p1 == pytest.approx(float(ref[t1]), rel=1e-4)

@@ -134,17 +134,6 @@ class Engine:
     def decode(self, ids: list[int]) -> str:
         return self.target.tokenizer.decode(ids, skip_special_tokens=True)
 
-    @torch.inference_mode()
-    def top2_after(self, prompt_ids: list[int], answer: list[int]) -> tuple[tuple[int, float], tuple[int, float]]:
-        """The target's two likeliest next tokens after ``prompt_ids + answer``, with their
-        probabilities, from one plain forward in the engine's dtype. Where two greedy runs in
-        bf16 part, a small gap between these two says why: a near-tie that rounding tipped."""
-        ids = torch.tensor([list(prompt_ids) + list(answer)], device=self.target.device)
-        logits = self.target.model(input_ids=ids).logits[0, -1].float()                  # (V,)
-        top = torch.topk(torch.softmax(logits, -1), 2)
-        (a, b), (pa, pb) = top.indices.tolist(), top.values.tolist()
-        return (a, pa), (b, pb)
-
     def check_request(self, prompt_ids: Sequence[int], tree: TreeConfig, max_new_tokens: int) -> None:
         check_max_new_tokens(max_new_tokens, self.limits.max_new_tokens)
         if not prompt_ids:

@@ -122,3 +122,15 @@ def auto_cpu_dtype(model_name: str, model: torch.nn.Module, log=None, forward: s
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"dtype": choice, "ms": ms}) + "\n")
     return getattr(torch, choice)
+
+
+@torch.inference_mode()
+def top2_after(target, prompt_ids: list[int], answer: list[int]) -> tuple[tuple[int, float], tuple[int, float]]:
+    """The target's two likeliest next tokens after ``prompt_ids + answer``, with their
+    probabilities, from one plain forward in the target's dtype. Where two greedy runs in
+    bf16 part, a small gap between these two says why: a near-tie that rounding tipped."""
+    ids = torch.tensor([list(prompt_ids) + list(answer)], device=target.device)
+    logits = target.model(input_ids=ids).logits[0, -1].float()                        # (V,)
+    top = torch.topk(torch.softmax(logits, -1), 2)
+    (a, b), (pa, pb) = top.indices.tolist(), top.values.tolist()
+    return (a, pa), (b, pb)

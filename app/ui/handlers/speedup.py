@@ -4,6 +4,7 @@ give vanilla's exact tokens)."""
 from __future__ import annotations
 
 from app.engine.events import decoding_steps
+from app.engine.precision import top2_after
 from app.ui.handlers.common import RACE_CHUNK_TOKENS
 from app.ui.session import Session
 from app.ui.settings import AppContext
@@ -47,7 +48,7 @@ def _measure_parting(ctx: AppContext, session: Session) -> None:
     if first is None:
         return
     ids = list(session.prompt_ids) or ctx.engine.encode_prompt(session.settings["prompt"])
-    (_, p1), (_, p2) = ctx.engine_thread.call(ctx.engine.top2_after, ids, a[:first])
+    (_, p1), (_, p2) = ctx.engine_thread.call(top2_after, ctx.engine.target, ids, a[:first])
     session.parting = {"index": first, "p1": p1, "p2": p2}
 
 
