@@ -138,13 +138,29 @@
 
   // --- 4. on a phone, Generate brings the answer into view -----------------------------------
   // The stage (tree, player) comes first in the page; on a narrow screen the token stream sits
-  // ~1,300 px further down, so after Generate the page scrolls to it.
+  // ~1,300 px further down, so after Generate the page scrolls to it. What sits above it
+  // changes height while the run starts (status, tree, player), which would move the answer
+  // off screen again, so for the first seconds it is brought back whenever its top leaves
+  // the screen, until the visitor scrolls by hand.
+  const KEEP_ANSWER_MS = 8000;
   const showAnswer = () => {
     if (!narrow()) return;
-    setTimeout(() => {
+    let byHand = false;
+    const handScroll = () => { byHand = true; };
+    window.addEventListener("touchmove", handScroll, { once: true, passive: true });
+    window.addEventListener("wheel", handScroll, { once: true, passive: true });
+    const started = Date.now();
+    const keep = setInterval(() => {
+      if (byHand || Date.now() - started > KEEP_ANSWER_MS) {
+        clearInterval(keep);
+        window.removeEventListener("touchmove", handScroll);
+        window.removeEventListener("wheel", handScroll);
+        return;
+      }
       const stream = document.querySelector("#token-stream");
-      if (stream) stream.scrollIntoView({ block: "start" });
-    }, 400);
+      const top = stream ? stream.getBoundingClientRect().top : 0;
+      if (stream && (top < 0 || top > window.innerHeight - 120)) stream.scrollIntoView({ block: "start" });
+    }, 200);
   };
   document.addEventListener("click", (event) => {
     if (event.target.closest && event.target.closest("#generate-btn")) showAnswer();
