@@ -61,6 +61,7 @@ def wants_auto_tree(args) -> bool:
 
 def thread_governor(args):
     """The ThreadGovernor for ``--threads`` (auto, or a fixed positive count)."""
+    # lazy: threads.py imports torch; this module is read by every subcommand's --help and the page
     from app.engine.threads import ThreadGovernor
 
     raw = getattr(args, "threads", "auto")

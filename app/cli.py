@@ -10,9 +10,8 @@ import json
 import sys
 
 from app.args import add_model_arguments, add_tree_arguments, thread_governor, tree_config_from, wants_auto_tree
-from app.engine.config import SamplingConfig, TreeConfig, TreeShape
+from app.engine.config import SamplingConfig, TreeConfig, TreeShape, check_max_new_tokens, check_prompt
 from app.engine.spec import KNOB, METHODS
-
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,6 +34,7 @@ def auto_tree(engine, base: TreeConfig, say):
     acceptance: under a minute, said line by line, then kept), because there the right tree
     is much larger than the safe small chains; on the eager forward it is left to
     ``python -m app tune``."""
+    # lazy: these load torch and transformers, which `generate --help` never needs
     from app.engine.adapt import adapter_for
     from app.engine.autotune import cost_curve_text, kept_cost_curve
     from app.engine.rowwise import RowwiseLlamaDecoder
@@ -60,10 +60,12 @@ def main(args) -> int:
         thread_governor(args)             # a bad --threads fails here, before any model loads
         sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p,
                                   top_k_sampling=args.top_k_sampling, seed=args.seed)
-        from app.engine.config import check_max_new_tokens, check_prompt
         check_prompt(args.prompt)
         check_max_new_tokens(args.max_new_tokens)
+        # lazy: transformers loads only once the arguments are good, and `generate --help`
+        # loads neither it nor torch (0.3 s instead of ~20 s on a loaded 2-core CPU)
         from app.engine.factory import load_engine
+        from app.engine.threads import engine_probe
 
         engine, _ = load_engine(args.base_model, args.draft_model, args.device, args.dtype,
                                 head="required" if tree.uses_head else "none",
@@ -71,8 +73,6 @@ def main(args) -> int:
                                 medusa="required" if tree.method == "medusa" else "none",
                                 medusa_model=args.medusa_model, forward=args.forward)
         say = lambda m: print(f"[auto] {m}", file=sys.stderr, flush=True)  # noqa: E731
-        from app.engine.threads import engine_probe
-
         governor = thread_governor(args)
         governor.apply(engine_probe(engine))
         say(f"threads: {governor.text()}")

@@ -34,6 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _head_folder(name: str | None) -> Path:
+    # lazy: loading.py imports torch and transformers; `export-head --help` needs neither
     from app.engine.loading import DEFAULT_HEAD_DIR, SHIPPED_HEADS
 
     if name in (None, "", "default"):
@@ -45,6 +46,7 @@ def export(head: str | None, fmt: str, out: str | None = None, verifier: str | N
            force: bool = False) -> Path:
     """Read ``head`` and write it as ``fmt``; returns the output folder. Raises ValueError,
     KeyError or FileNotFoundError with a one-line message."""
+    # lazy: the heads import torch, which `export-head --help` never needs
     from app.engine.heads import load_head, speculators as sf
     from app.engine.heads.checkpoint import read_config
 

@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 
-from app.args import add_model_arguments
+from app.args import add_model_arguments, thread_governor
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -20,7 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args) -> int:
-    from app.args import thread_governor
+    # lazy: torch and transformers (~20 s on a loaded CPU) only for a run, not for `tune --help`
     from app.engine.autotune import choose_tree, cost_curve_text
     from app.engine.factory import load_engine
     from app.engine.threads import engine_probe

@@ -19,11 +19,18 @@ import os
 import platform
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
+import torch
+from tqdm import tqdm
+
+from app.args import add_model_arguments, add_tree_arguments, thread_governor, tree_config_from
 from app.bench.prompts import load_suite, parse_suites
-from app.bench.runners import ALL_METHODS, parse_methods, run_one
+from app.bench.runners import ALL_METHODS, compiled_peer, parse_methods, run_one
+from app.engine.config import SamplingConfig, check_max_new_tokens
 from app.engine.spec import KNOB
+from app.engine.threads import REUSE_S, engine_probe
 
 DEFAULT_METHODS = ",".join(m for m in ALL_METHODS if m not in ("hf-fp32", "medusa"))   # medusa: its own heads
 QUICK = {"suite": "mt_bench", "limit": 2, "max_new_tokens": 32, "methods": "hf,vanilla,dynamic", "warmup_tokens": 8}
@@ -31,8 +38,6 @@ DEFAULTS = {"suite": "mt_bench", "limit": 10, "max_new_tokens": 256, "methods": 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from app.args import add_model_arguments, add_tree_arguments
-
     p.add_argument("--suite", default=None, help="comma-separated eval sets from data/eval, or 'all' (default mt_bench)")
     p.add_argument("--limit", type=int, default=None, help="first N prompts of each suite; 0 = all (default 10)")
     p.add_argument("--methods", default=None,
@@ -102,8 +107,7 @@ def _command(args) -> str:
 
 
 def main(args) -> int:
-    from app.args import thread_governor, tree_config_from
-    from app.engine.config import SamplingConfig, check_max_new_tokens
+    # lazy: transformers (~15 s on a loaded CPU) loads only for a run, not for `bench --help`
     from app.engine.factory import load_engine
 
     _fill_defaults(args)
@@ -148,11 +152,11 @@ def busy_processes(n: int):
 def run_benchmark(engines, args, suites, specs, sampling) -> int:
     """``engines``: None -> the engine of every method without @HEAD, head name -> the engine
     (same target) of the methods with it."""
-    import torch
-    from tqdm import tqdm
-
+    # lazy, for `bench --help` as in main: these import transformers (report by way of autotune)
     from app.bench import report
-    from app.engine.loading import DEFAULT_HEAD_DIR
+    from app.engine.adapt import adapter_for
+    from app.engine.autotune import choose_tree
+    from app.engine.loading import DEFAULT_HEAD_DIR, load_target
 
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     t_start = time.perf_counter()
@@ -161,9 +165,6 @@ def run_benchmark(engines, args, suites, specs, sampling) -> int:
     out.mkdir(parents=True, exist_ok=True)
     prompts = [p for s in suites for p in load_suite(s, args.limit or None)]
     engine = engines[None]
-
-    from app.engine.threads import engine_probe
-
     probe = engine_probe(engine)
     governor = args.governor
     thread_counts = []
@@ -171,19 +172,11 @@ def run_benchmark(engines, args, suites, specs, sampling) -> int:
     auto_text, auto_report = None, None
     for i, spec in enumerate(specs):
         if spec.adaptive:
-            from dataclasses import replace
-
-            from app.engine.adapt import adapter_for
-
             start, adapter, choice = adapter_for(engines[spec.head], spec.tree, measure=True)
             specs[i] = replace(spec, tree=start, candidates=tuple(adapter.candidates), prior_tau=adapter.prior_tau)
             print(f"[bench] {spec.label}: adapts over "
                   + ", ".join(adapter._key(t) for t in adapter.candidates), file=sys.stderr)
         if spec.auto:
-            from dataclasses import replace
-
-            from app.engine.autotune import choose_tree
-
             print("[bench] choosing the auto tree (measures the forward cost and calibrates once, then cached)",
                   file=sys.stderr, flush=True)
             tree, choice = choose_tree(engines[spec.head], base=spec.tree)
@@ -198,13 +191,9 @@ def run_benchmark(engines, args, suites, specs, sampling) -> int:
             if engine.target.dtype == dtype:
                 peers[method] = engine.target
             else:
-                from app.engine.loading import load_target
-
                 peers[method] = load_target(args.base_model, device=args.device, dtype=str(dtype).replace("torch.", ""),
                                             forward="eager")
     if any(s.method == "hf-compile" for s in specs):
-        from app.bench.runners import compiled_peer
-
         print("[bench] hf-compile: compiling transformers' forward with a static cache during the warm-up "
               "(minutes on a CPU, not timed)", file=sys.stderr, flush=True)
         peers["hf-compile"] = compiled_peer(engine.target)
@@ -242,7 +231,7 @@ def run_benchmark(engines, args, suites, specs, sampling) -> int:
         "command": _command(args), "started": started, "wall_s": time.perf_counter() - t_start,
         "machine": _machine(), "device": str(engine.target.device), "dtype": str(engine.target.dtype).replace("torch.", ""),
         "threads": governor.text() if governor.fixed is not None else
-        f"auto (per run, timed every {int(__import__('app.engine.threads', fromlist=['REUSE_S']).REUSE_S)} s): "
+        f"auto (per run, timed every {int(REUSE_S)} s): "
         + ", ".join(f"{n} thread(s) x{thread_counts.count(n)}" for n in sorted(set(thread_counts))),
         "busy_processes": args.busy, "load_start": load_start, "load_end": _load(),
         "target": engine.target.name, "head": head or "none (no tree method)",
@@ -258,7 +247,7 @@ def run_benchmark(engines, args, suites, specs, sampling) -> int:
     (out / "results.json").write_text(json.dumps(report.json_document(summary, records, meta), indent=1) + "\n",
                                       encoding="utf-8")
     if args.plotly_js != "none":
-        from app.bench.plots import write_plots
+        from app.bench.plots import write_plots     # lazy: plotly, only when plots.html is written
 
         write_plots(summary, out / "plots.html", args.plotly_js, tree_choice=auto_report)
     print(text)

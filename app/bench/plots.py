@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import plotly.graph_objects as go
+
 from app.bench.report import ALL
+from app.viz.autotune import choice_figure
 
 
 def speedup_figure(summary: dict):
     """Grouped bars: speedup of every method over hf (or over vanilla without hf), per suite."""
-    import plotly.graph_objects as go
-
     suites = [s for s in summary if s != ALL] + ([ALL] if ALL in summary else [])
     any_table = next(iter(summary.values()))
     ref = "hf" if "hf" in any_table else "vanilla"
@@ -28,8 +29,6 @@ def speedup_figure(summary: dict):
 
 def acceptance_figure(summary: dict):
     """Acceptance rate by depth for every tree method, pooled over all suites of the run."""
-    import plotly.graph_objects as go
-
     table = summary[ALL] if ALL in summary else next(iter(summary.values()))
     fig = go.Figure()
     for label, s in table.items():
@@ -50,8 +49,6 @@ def write_plots(summary: dict, path: Path, plotly_js: str = "cdn", tree_choice: 
     ~4.8 MB); passed to plotly's ``include_plotlyjs``."""
     figs = [speedup_figure(summary), acceptance_figure(summary)]
     if tree_choice is not None:
-        from app.viz.autotune import choice_figure
-
         figs.append(choice_figure(tree_choice).update_layout(title="auto tree: why this size"))
     parts = [fig.to_html(full_html=False, include_plotlyjs=(plotly_js if i == 0 else False))
              for i, fig in enumerate(figs)]

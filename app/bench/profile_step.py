@@ -32,6 +32,11 @@ from collections import defaultdict
 
 import torch
 
+from app.engine.autotune import measure_forward_costs
+from app.engine.config import SamplingConfig, TreeConfig, TreeShape
+from app.engine.factory import load_engine
+from app.engine.loading import load_target
+
 PARTS = ("draft: head forwards", "draft: LM head", "draft: tree policy + top-k", "verify: target forward",
          "verify: LM head + mask", "accept", "commit", "record", "other")
 # verb -> the parts measured inside it; the verb's remainder is charged to the last name
@@ -115,8 +120,6 @@ class StepProfiler:
 
 def profile_tree(engine, tree, prompt: str, steps: int, warmup: int = 2) -> dict:
     """Mean ms per step for each part over ``steps`` steps (after ``warmup`` untimed ones)."""
-    from app.engine.config import SamplingConfig
-
     prof = StepProfiler(engine)
     n_steps, step_ms = 0, 0.0
     gen = engine.generate(prompt, tree=tree, sampling=SamplingConfig(), max_new_tokens=warmup + steps + 64)
@@ -150,9 +153,6 @@ def format_profile(label: str, t: dict) -> str:
 
 
 def main(argv=None) -> int:
-    from app.engine.factory import load_engine
-    from app.engine.config import TreeConfig, TreeShape
-
     p = argparse.ArgumentParser(prog="python -m app.bench.profile_step", description=__doc__.split("\n")[0])
     p.add_argument("--base-model", default=None)
     p.add_argument("--draft-model", default=None, help="head folder (a random head is fine for cost; say so)")
@@ -168,9 +168,6 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     load = "%.2f" % os.getloadavg()[0]
     if args.forward_costs:
-        from app.engine.autotune import measure_forward_costs
-        from app.engine.loading import load_target
-
         target = load_target(args.base_model, device=args.device, dtype=args.dtype)
         curve = measure_forward_costs(target, sizes=(1, 8, 16, 24, 32, 48, 64), repeats=7)
         print(f"T(n), {target.name} {args.dtype} on {args.device}, {torch.get_num_threads()} threads, "

@@ -196,6 +196,7 @@ def run_engine(engine, spec: MethodSpec, suite: str, qid, prompt_ids: list[int],
     summary = None
     adapter = None
     if spec.adaptive:
+        # lazy: adapt imports transformers, which `bench --help` (it imports this module) never loads
         from app.engine.adapt import TreeAdapter
 
         adapter = TreeAdapter(list(spec.candidates), prior_tau=spec.prior_tau)
@@ -233,7 +234,7 @@ def compiled_peer(target):
     import copy
     from dataclasses import replace
 
-    from transformers import StaticCache
+    from transformers import StaticCache    # lazy: `bench --help` imports this module without transformers
 
     model = copy.deepcopy(target.model)
     model.forward = torch.compile(model.forward)

@@ -13,7 +13,7 @@ appends and drops finished rows.
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicCache, DynamicLayer
 
 
 def cache_length(cache) -> int:
@@ -162,8 +162,6 @@ def preallocated_cache(model, capacity: int):
     of ``capacity`` positions to start with (other layer kinds, e.g. sliding windows, are
     kept as they are). ``model=None`` gives a cache of layers made on first use (the draft
     head's, whose one layer is not described by a model config)."""
-    from transformers import DynamicCache
-
     if model is None:
         cache = DynamicCache()
         cache.layer_class_to_replicate = lambda: PreallocatedLayer(capacity)

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from huggingface_hub import snapshot_download
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from app.engine.device import cache_dir, choose_device          # noqa: F401  (re-exported: callers import them from here)
 from app.engine.heads import DRAFT_VOCAB_FILE, load_draft_vocab, load_head   # noqa: F401  (re-exported likewise)
@@ -105,8 +107,6 @@ def embedded_model_dir(progress: bool = True) -> str:
     gguf = embedded_gguf_path()
     if gguf is None:
         return EMBEDDED_HUB_ID
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     if progress:
         print(f"[eagle-lens] converting the embedded {gguf.name} to safetensors in {target} (once, ~20 s)",
               flush=True)
@@ -150,8 +150,6 @@ def load_target(name: str | None = None, device: str | None = None, dtype: str |
     forward = forward or os.environ.get("EAGLE_LENS_FORWARD") or "auto"
     if forward not in FORWARDS:
         raise ValueError(f"forward must be one of {', '.join(FORWARDS)}, got {forward!r}")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     dev = choose_device(device)
     dt = choose_dtype(dtype, dev)
     source, display = resolve_model_source(name)
@@ -183,8 +181,6 @@ def resolve_head_source(name: str | None) -> Path:
         return path
     if name.startswith(("/", "./", "../", "~")) or name.count("/") > 1:
         raise FileNotFoundError(f"draft model folder {name} does not exist")
-    from huggingface_hub import snapshot_download
-
     return Path(snapshot_download(name, allow_patterns=["config.json", "*.safetensors", "*.bin"]))
 
 

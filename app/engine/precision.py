@@ -105,6 +105,8 @@ def auto_cpu_dtype(model_name: str, model: torch.nn.Module, log=None, forward: s
     if not cpu_has_native_bf16():
         return torch.float32
     if forward == "auto":
+        # lazy: fused imports transformers' Llama modelling (+9 s measured on top of this module),
+        # and loading.py imports this module: `export-head` reads heads through loading, no target
         from app.engine import kernels
         from app.engine.fused import supports
 

@@ -100,6 +100,8 @@ class ThreadGovernor:
 def engine_probe(engine, prefix_len: int = 64, tree_tokens: int = 4):
     """A ``forward()`` for ``ThreadGovernor.probe``: the engine's own decode forward over 1
     token and over ``tree_tokens`` tokens on a short cached prefix, plus the LM head."""
+    # lazy: kv imports transformers (+3 s measured); the ThreadGovernor above is read before
+    # any model loads (app.args' --threads check, `bench --help`), with torch alone
     from app.engine import kv
 
     target = engine.target

@@ -29,10 +29,21 @@ from pathlib import Path
 
 import torch
 from filelock import FileLock, Timeout
+from transformers import AutoConfig
 
+from app.engine import loading
 from app.engine.device import cache_dir, choose_device
-from app.engine.loading import DEFAULT_HEAD_DIR, DEFAULT_MEDUSA_DIR, EMBEDDED_ALIASES, EMBEDDED_NAME
+from app.engine.heads.eagle3 import default_target_layers
+from app.engine.loading import (DEFAULT_HEAD_DIR, DEFAULT_MEDUSA_DIR, EMBEDDED_ALIASES, EMBEDDED_NAME,
+                                resolve_model_source)
+from app.engine.precision import bf16_is_native
+from app.train.data import generate_with_features, log, shard_name
+from app.train.eagle3 import run_training as run_eagle3_training
+from app.train.evaluate import parse_indices, run_eval
+from app.train.medusa import run_medusa_training
 from app.train.options import STAGES, add_arguments, complete  # noqa: F401  (add_arguments: the CLI's entry)
+from app.train.prompts import build_prompts, load_prompts, save_prompts
+from app.train.stage import run_training
 
 def default_work_dir(name: str) -> Path:
     return cache_dir() / "train" / name.replace("/", "--")
@@ -65,31 +76,20 @@ def main(args: argparse.Namespace) -> int:
         elif stage == "data":
             run_data(args, work)
         elif stage == "train" and args.arch == "eagle3":
-            from app.train.eagle3 import run_training as run_eagle3_training
-
             run_eagle3_training(args, work, out)
         elif stage == "train" and args.arch == "medusa":
-            from app.train.medusa import run_medusa_training
-
             run_medusa_training(args, work, out)
         elif stage == "train":
-            from app.train.stage import run_training
-
             run_training(args, work, out)
         elif stage == "eval" and args.arch == "medusa":
             print("eval: stage eval measures EAGLE heads; for Medusa heads see training.json (held-out top-1 "
                   "by head) and `python -m app bench --methods vanilla,medusa`", file=sys.stderr)
         elif stage == "eval":
-            from app.train.evaluate import run_eval
-
             run_eval(args, out)
     return 0
 
 
 def run_prompts(args, work: Path) -> None:
-    from app.train.data import log
-    from app.train.prompts import build_prompts, load_prompts, save_prompts
-
     path = work / "prompts.jsonl"
     if path.is_file() and len(load_prompts(path)) >= args.num_prompts:
         log(f"prompts: {path} exists, kept")
@@ -102,10 +102,6 @@ def run_prompts(args, work: Path) -> None:
 def run_data(args, work: Path) -> None:
     """Shard by shard: the target answers the prompts and its features are recorded (float32)."""
     args = complete(args)
-    from app.engine.loading import load_target
-    from app.train.data import generate_with_features, log, shard_name
-    from app.train.prompts import load_prompts
-
     prompts = load_prompts(work / "prompts.jsonl")
     n_shards = (len(prompts) + args.shard_size - 1) // args.shard_size
     start = time.perf_counter()
@@ -113,7 +109,6 @@ def run_data(args, work: Path) -> None:
     new_tokens = 0
     order = list(range(n_shards))
     if args.shards:
-        from app.train.evaluate import parse_indices
         wanted = set(parse_indices(args.shards))
         order = [s for s in order if s in wanted]
     if args.reverse:
@@ -131,16 +126,12 @@ def run_data(args, work: Path) -> None:
         if target is None:
             dtype = args.data_dtype
             if dtype == "auto":
-                from app.engine.precision import bf16_is_native
-
                 dtype = "bfloat16" if bf16_is_native(args.device) else "float32"
-            target = load_target(args.base_model, device=args.device, dtype=dtype)
+            target = loading.load_target(args.base_model, device=args.device, dtype=dtype)
             tok = target.tokenizer
             pad = tok.pad_token_id if tok.pad_token_id is not None else 0
             layers = ()
             if args.arch == "eagle3":     # also store EAGLE-3's low/mid/high layers
-                from app.engine.heads.eagle3 import default_target_layers
-
                 layers = default_target_layers(target.model.config.num_hidden_layers)
         t0 = time.perf_counter()
         batch = prompts[shard * args.shard_size:(shard + 1) * args.shard_size]
@@ -167,10 +158,6 @@ def disk_estimate(folder: Path, missing: list[int], args) -> str:
         per_shard = sum(p.stat().st_size for p in done) / len(done)
         how = f"{per_shard / 2**20:.0f} MiB per shard, the mean of the {len(done)} written"
     else:
-        from transformers import AutoConfig
-
-        from app.engine.loading import resolve_model_source
-
         hidden = AutoConfig.from_pretrained(resolve_model_source(args.base_model)[0]).hidden_size
         per_token = 2 * hidden * (4 if args.arch == "eagle3" else 1) + 4
         per_shard = args.shard_size * (args.max_new_tokens + 128) * per_token   # ~128 prompt tokens, at most

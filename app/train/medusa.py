@@ -25,8 +25,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from app.engine import loading
 from app.engine.heads.medusa import MedusaHeads
+from app.engine.loading import EMBEDDED_ALIASES, EMBEDDED_HUB_ID
 from app.train.data import log
+from app.train.draft_vocab import build
+from app.train.trainer import FeatureDataset, lr_at
 
 DECAY = 0.8
 
@@ -72,9 +76,6 @@ def rows_of(vocab_ids: torch.Tensor | None, vocab_size: int) -> torch.Tensor | N
 
 
 def run_medusa_training(args, work: Path, out: Path) -> dict:
-    from app.engine.loading import EMBEDDED_ALIASES, EMBEDDED_HUB_ID, load_target
-    from app.train.trainer import FeatureDataset, lr_at
-
     run_dir = work / "runs" / f"medusa-{args.run_name}"
     run_dir.mkdir(parents=True, exist_ok=True)
     shards_file = run_dir / "shards.json"
@@ -86,14 +87,12 @@ def run_medusa_training(args, work: Path, out: Path) -> dict:
     holdout = [p for p in paths if p.name in set(args.holdout)]
     paths = [p for p in paths if p not in holdout]
     data = FeatureDataset(paths)
-    target = load_target(args.base_model, device=args.device, dtype="float32")
+    target = loading.load_target(args.base_model, device=args.device, dtype="float32")
     vocab_size = target.model.config.vocab_size
     vocab_ids = None
     if args.loss_vocab == "draft" and args.draft_vocab_size < vocab_size:
         vocab_path = run_dir / "draft_vocab.json"
         if not vocab_path.is_file():
-            from app.train.draft_vocab import build
-
             vocab_path.write_text(json.dumps(build(paths, args.draft_vocab_size, always=tuple(sorted(target.eos_ids)))))
         vocab_ids = torch.tensor(json.loads(vocab_path.read_text())["token_ids"], dtype=torch.long)
     heads = MedusaHeads.from_target(target.model, args.medusa_heads, args.medusa_layers, vocab_ids)

@@ -28,18 +28,19 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from app.engine import loading
+from app.engine.autotune import choose_tree
 from app.engine.config import GenerationLimits, TreeConfig
+from app.engine.factory import load_engine
 from app.engine.threads import ThreadGovernor
 from app.ui.engine_thread import EngineThread
-from app.ui.limits import PausedRuns, PublicLimits
+from app.ui.limits import PausedRuns, PublicLimits, trusted_proxies
 from app.viz.safe import md_code
 
 
 def _trusted_proxies_env() -> str:
     """EAGLE_LENS_TRUSTED_PROXIES, checked now (a typo fails at start, not per request); on a
     Space, where every request passes the platform's proxy, 1 hop unless set."""
-    from app.ui.limits import trusted_proxies
-
     spec = os.environ.get("EAGLE_LENS_TRUSTED_PROXIES") or ("1" if os.environ.get("SPACE_ID") else "")
     trusted_proxies(spec)
     return spec
@@ -181,8 +182,6 @@ def load_context(config: ServerConfig | None = None, log=print) -> AppContext:
 
 
 def _load_context(config: ServerConfig, engine_thread: EngineThread, log) -> AppContext:
-    from app.engine.factory import load_engine
-
     engine, missing = load_engine(config.base_model, config.draft_model, config.device, config.dtype,
                                   head="optional", limits=config.limits, medusa="optional")
     target, head = engine.target, engine.head
@@ -205,14 +204,11 @@ def _load_context(config: ServerConfig, engine_thread: EngineThread, log) -> App
 def other_shipped_heads(engine, config: ServerConfig) -> dict:
     """{name: Engine} for every head shipped under models/ (``loading.SHIPPED_HEADS``) other than
     the one ``engine`` drafts with, when the target is the embedded model they were trained for."""
-    from app.engine.factory import load_engine
-    from app.engine.loading import EMBEDDED_ALIASES, SHIPPED_HEADS
-
-    if config.base_model not in EMBEDDED_ALIASES:
+    if config.base_model not in loading.EMBEDDED_ALIASES:
         return {}
     mine = Path(engine.head.folder).resolve()
     heads = {}
-    for name, folder in SHIPPED_HEADS.items():
+    for name, folder in loading.SHIPPED_HEADS.items():
         if not (folder / "config.json").is_file() or folder.resolve() == mine:
             continue
         try:
@@ -231,8 +227,6 @@ def auto_tree_defaults(engine, log=print) -> tuple[TreeConfig, str, dict]:
     the head: ``autotune.choose_tree`` measures both (once; cached on disk) and picks the tree
     with the highest predicted tokens/s. The page's sliders start there; visitors may move them.
     """
-    from app.engine.autotune import choose_tree
-
     tree, choice = choose_tree(engine, progress=lambda message: log(f"[eagle-lens] {message}"))
     log(f"[eagle-lens] {choice.summary()}")
     note = (f"Default tree sized for this machine: depth {tree.depth}, top_k {tree.top_k}, "

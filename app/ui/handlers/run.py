@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 
+from app.engine.adapt import adapter_for
 from app.engine.config import TreeConfig
 from app.engine.events import StepEvent
 from app.ui.handlers import common
@@ -104,8 +105,6 @@ def tree_plan(ctx: AppContext, request: Request):
     request's tree."""
     if not (request.adapt and request.tree.method == "dynamic"):
         return request.tree, None
-    from app.engine.adapt import adapter_for
-
     start, adapter, _ = ctx.engine_thread.call(adapter_for, ctx.engine, request.tree, measure=False)
     return start, adapter
 

@@ -39,7 +39,7 @@ def bound_queue_joins(queue, limits: PublicLimits | None = None) -> None:
         key = None
         if per_client is not None and client is not None:
             try:
-                from gradio import route_utils
+                from gradio import route_utils      # lazy: app.ui.limits loads without gradio (~16 s)
 
                 concurrency_id = route_utils.get_fn(queue.blocks, None, body).concurrency_id
             except Exception:  # noqa: BLE001 — an unknown fn: Gradio's own push answers it

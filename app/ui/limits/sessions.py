@@ -10,6 +10,7 @@ import time
 
 from app.ui.limits.bounds import MiB, PublicLimits
 from app.ui.limits.clients import CLIENT, RateLimit, Refused
+from app.ui.session import Session
 
 
 def session_bytes(session) -> int:
@@ -17,8 +18,6 @@ def session_bytes(session) -> int:
     bytes, per draft-tree node ~450 (nine Python lists of boxed numbers and a short text), and
     the texts. A shipped demo's records are shared by every session showing it (parsed once)
     and count nothing. Cached per step count, so it costs nothing between runs."""
-    from app.ui.session import Session
-
     if not isinstance(session, Session):
         return 0
     runs = [session.steps] + ([session.race_vanilla.steps] if session.race_vanilla is not None else [])
@@ -37,12 +36,12 @@ def records_bytes(steps) -> int:
 
 
 def _sessions_in(state) -> list:
-    from app.ui.session import Session
-
     return [v for v in getattr(state, "state_data", {}).values() if isinstance(v, Session)]
 
 
 def _state_holder_class():
+    # lazy: app.ui.limits, and the handlers that import it, load without gradio (~16 s here);
+    # only the page's launch installs this class
     from gradio.state_holder import StateHolder
 
     class BoundedStateHolder(StateHolder):

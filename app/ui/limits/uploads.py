@@ -77,7 +77,7 @@ def own_upload_folder(app, trace_dirs=()) -> str:
     never touches another app's files or Gradio's cached copies. Gradio serves only the files
     in that folder: a folder of traces for download (``trace_dirs``) must lie inside it, or
     every download would be refused (RuntimeError here, at launch, instead)."""
-    from gradio.utils import get_upload_folder
+    from gradio.utils import get_upload_folder     # lazy: app.ui.limits loads without gradio (~16 s)
 
     folder = os.path.join(get_upload_folder(), UPLOAD_FOLDER)
     wrong = [d for d in trace_dirs if not _inside(d, folder)]
