@@ -224,3 +224,18 @@ def test_phase_account_explains_each_checked_node_by_the_rule_in_force(tiny):
     chain_shaped = next(s for s in cut if s.tree and len(set(s.tree.depths)) == len(s.tree))
     assert chain_shaped.rule == SAMPLED_TREE
     assert "min(1, p/q)" not in acceptance_rule(chain_shaped)
+
+
+def test_the_views_load_without_torch():
+    """app/viz reads step records only (rule names included, app.engine.events): every view
+    module loads in a fresh interpreter without torch, so a page or a notebook drawing saved
+    traces does not pay for it."""
+    import subprocess
+    import sys
+
+    code = ("import importlib, pkgutil, sys, app.viz\n"
+            "for m in pkgutil.iter_modules(app.viz.__path__):\n"
+            "    importlib.import_module('app.viz.' + m.name)\n"
+            "print(sorted(k for k in sys.modules if k == 'torch' or k.startswith('torch.'))[:3])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out

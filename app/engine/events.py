@@ -9,6 +9,12 @@ from dataclasses import asdict, dataclass, field
 
 STATUSES = ("accepted", "rejected", "unreached")
 
+# The acceptance rules, as a record names the one that ran (``StepEvent.rule``); defined here,
+# with the records, so that their readers (the views, the trace schema) need no torch.
+# ``app.engine.verify`` implements them and ``verify.rule_for`` picks one per step.
+GREEDY, SAMPLED_CHAIN, SAMPLED_TREE = "greedy", "sampled_chain", "sampled_tree"
+RULES = (GREEDY, SAMPLED_CHAIN, SAMPLED_TREE)
+
 
 @dataclass(frozen=True)
 class DraftTreeRecord:
@@ -43,7 +49,7 @@ class StepEvent:
     bonus: int                      # the token the target itself produced after them
     new_tokens: list[int]           # accepted + [bonus], truncated at EOS / max_new_tokens
     text: str                       # decoded text of new_tokens
-    rule: str = "greedy"            # acceptance rule that ran: greedy | sampled_chain | sampled_tree
+    rule: str = GREEDY              # acceptance rule that ran: one of RULES
     drafter: str | None = None      # what proposed the nodes: eagle2 | eagle3 | ... | None (no tree)
     tree_config: dict | None = None # the tree this step used, e.g. {"method": "dynamic", "depth": 2,
                                     # "top_k": 1, "total_tokens": 2}; None without a draft

@@ -28,10 +28,7 @@ from __future__ import annotations
 import torch
 
 from app.engine.config import SamplingConfig, TreeConfig
-
-# The acceptance rules, as the step records name them (``StepEvent.rule``).
-GREEDY, SAMPLED_CHAIN, SAMPLED_TREE = "greedy", "sampled_chain", "sampled_tree"
-RULES = (GREEDY, SAMPLED_CHAIN, SAMPLED_TREE)
+from app.engine.events import GREEDY, RULES, SAMPLED_CHAIN, SAMPLED_TREE  # noqa: F401  (the rules' names)
 
 
 def rule_for(tree: TreeConfig | None, sampling: SamplingConfig) -> str:

@@ -32,8 +32,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from app.engine.config import SamplingConfig, TreeConfig, TreeShape
 from app.engine.spec import MAX_DEPTH, MAX_TOTAL_TOKENS, METHODS, SETTINGS, SPEC
 from app.engine.drafters.registry import DEFAULT_HEAD_KIND, DRAFTER_LABELS
-from app.engine.events import STATUSES, DraftTreeRecord, RunSummary, StepEvent
-from app.engine.verify import GREEDY, RULES, rule_for
+from app.engine.events import GREEDY, RULES, STATUSES, DraftTreeRecord, RunSummary, StepEvent
+from app.engine.verify import rule_for
 from app.ui.limits import records_bytes
 
 FORMAT = "eagle-lens-trace"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from app.engine.config import TreeShape
 from app.engine.events import StepEvent
-from app.engine.verify import GREEDY, SAMPLED_CHAIN, SAMPLED_TREE
+from app.engine.events import GREEDY, SAMPLED_CHAIN, SAMPLED_TREE
 from app.viz.stream import split_step_text
 from app.viz.tree import show_token
 
