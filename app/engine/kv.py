@@ -97,7 +97,7 @@ class PreallocatedLayer(DynamicLayer):
         app/engine/rowwise.py). Returns the first new position and the key and value buffers,
         (B, heads, capacity, head_dim) each; float32 on the CPU if made here."""
         if not self.is_initialized:
-            empty = torch.empty(1, heads, 0, head_dim)
+            empty = torch.empty(1, heads, 0, head_dim, device="cpu")
             self.lazy_initialization(empty, empty)
         start = self.length
         if start + n > self.capacity:

@@ -111,14 +111,14 @@ class RowwiseLlamaDecoder(FusedLlamaDecoder):
         assert len(slots) == len(self.layers) and len({start for start, _, _ in slots}) == 1
         cached = slots[0][0]
         for c, (_, keys, values) in zip(self._c_layers, slots):
-            assert keys.shape[0] == 1 and keys.is_contiguous() and keys.dtype == torch.float32
+            assert keys.device.type == "cpu" and keys.shape[0] == 1 and keys.is_contiguous() and keys.dtype == torch.float32
             c.keys, c.values, c.kv_head = keys.data_ptr(), values.data_ptr(), keys.stride(1)
         tap = taps = None
         if layers:
             slot = {layer: s for s, layer in enumerate(layers)}
             assert len(slot) == len(layers) and all(0 <= i < len(self.layers) for i in layers), layers
             tap = [slot.get(i, -1) for i in range(len(self.layers))]
-            taps = torch.empty(n, len(layers) * x.shape[1])                    # (n, k·H)
+            taps = torch.empty(n, len(layers) * x.shape[1], device="cpu")   # (n, k·H)
         hidden = kernels.decoder(x, self._c_layers, self.heads, self.kv_heads, self.head_dim, self.inner, cos, sin,
                                  cached, keep, tap, taps, self.final_norm, self.final_eps)[None]   # (1, n, H)
         return hidden if not layers else (hidden, taps[None])
