@@ -138,6 +138,8 @@ def eagle3_loss(head, lm_head, embedding, batch: dict[str, torch.Tensor], cfg: E
     stats: dict[str, float] = {}
     # bf16 autocast where bf16 is native: the matmuls (decoder layer, fc, the Vd-row LM head)
     # are nearly all of a step, and VDPBF16PS does twice the multiply-adds of fp32 FMA
+    # (only those: the loss, its targets and the stats run outside it, so the head's forward
+    # and LM head are the only ops whose precision the flag changes)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16)
     with autocast:
         steps = ttt_forward(head, embedding(tokens[:, 1:]), layers[:, :-1], cfg.ttt_steps)
