@@ -32,6 +32,7 @@ def main() -> int:
 
     from app.engine.heads import load_head
     from app.engine.loading import load_draft_vocab, load_target
+    from app.train.evaluate import held_out_acceptance
 
     torch.set_num_threads(args.threads)
     target = load_target(None, device="cpu", dtype="float32")
@@ -41,15 +42,8 @@ def main() -> int:
     for folder in args.heads:
         head = load_head(Path(folder), target.model.config.num_hidden_layers)
         kind = getattr(head, "kind", "eagle2")
-        if kind == "eagle3":
-            from app.train.eagle3 import Eagle3Dataset, validate
-
-            stats = validate(head, target.model, Eagle3Dataset(shards), args.depth, head.draft_token_ids())
-        else:
-            from app.train.trainer import FeatureDataset, validate
-
-            vocab = load_draft_vocab(Path(folder), target.model.config.vocab_size)
-            stats = validate(head, target.model, FeatureDataset(shards), args.depth, vocab_ids=vocab)
+        vocab = load_draft_vocab(Path(folder), target.model.config.vocab_size)   # EAGLE-1/2's; EAGLE-3 has its own
+        stats = held_out_acceptance(head, target.model, shards, args.depth, vocab_ids=vocab)
         accs = " | ".join(f"{stats.get(f'acc{d}', float('nan')):.3f}" for d in range(1, args.depth + 1))
         print(f"| {folder} | {kind} | {accs} |", flush=True)
     return 0

@@ -56,16 +56,17 @@ def head_from_checkpoint(saved: dict, target, layers: tuple[int, ...]):
     return head.eval()
 
 
-def measure(saved: dict, target, holdout, depth: int, max_batches: int) -> dict:
-    """acc/ce by depth of the checkpoint's head on the held-out dataset."""
-    head = head_from_checkpoint(saved, target, getattr(holdout, "layers", ()))
-    if getattr(head, "kind", "") == "eagle3":
-        from app.train.eagle3 import validate
+def measure(saved: dict, target, holdout: list[Path], depth: int, max_batches: int) -> dict:
+    """acc/ce by depth of the checkpoint's head on the held-out shards."""
+    from safetensors import safe_open
 
-        return validate(head, target.model, holdout, depth, head.draft_token_ids(), max_batches=max_batches)
-    from app.train.trainer import validate
+    from app.train.evaluate import held_out_acceptance
 
-    return validate(head, target.model, holdout, steps=depth, max_batches=max_batches, vocab_ids=saved["vocab_ids"])
+    with safe_open(str(holdout[0]), framework="pt") as f:        # the target layers an EAGLE-3 head reads
+        layers = tuple(int(i) for i in (f.metadata() or {}).get("layers", "").split(",") if i)
+    head = head_from_checkpoint(saved, target, layers)
+    return held_out_acceptance(head, target.model, holdout, depth, vocab_ids=saved["vocab_ids"],
+                               max_batches=max_batches)
 
 
 def main() -> int:
@@ -89,8 +90,6 @@ def main() -> int:
     import torch
 
     from app.engine.loading import load_target
-    from app.train.eagle3 import Eagle3Dataset
-    from app.train.trainer import FeatureDataset
 
     torch.set_num_threads(args.threads)
     run = args.work_dir / "runs" / args.run_name
@@ -101,10 +100,6 @@ def main() -> int:
         print(f"error: held-out shard not found: {', '.join(missing)}", file=sys.stderr)
         return 2
     target = load_target(None, device="cpu", dtype="float32")
-    try:
-        holdout = Eagle3Dataset(shards)
-    except ValueError:                      # EAGLE-2 shards: no target-layer features
-        holdout = FeatureDataset(shards)
     done = [json.loads(line) for line in curve.read_text().splitlines()] if curve.is_file() else []
     last_seconds = done[-1]["seconds"] if done else -1e9
     while True:
@@ -115,7 +110,7 @@ def main() -> int:
             due = state["seconds"] - last_seconds >= 60 * args.every_min
             if due or (finished and state["seconds"] > last_seconds):
                 point = {"step": state["step"], "seconds": round(state["seconds"], 1),
-                         **{k: round(v, 4) for k, v in measure(saved, target, holdout, args.depth,
+                         **{k: round(v, 4) for k, v in measure(saved, target, shards, args.depth,
                                                                args.val_batches).items()}}
                 with curve.open("a") as f:
                     f.write(json.dumps(point) + "\n")

@@ -149,7 +149,7 @@ def test_the_cli_trains_an_eagle3_head_from_data_to_eval(tmp_path, monkeypatch, 
     # the learning-curve script rebuilds the head from the final checkpoint and measures what training did
     curve = _learning_curve_script()
     saved = torch.load(tmp_path / "runs" / "main" / "checkpoint.pt", map_location="cpu", weights_only=False)
-    point = curve.measure(saved, target, Eagle3Dataset([tmp_path / "features" / "shard_00001.safetensors"]), 5, 1)
+    point = curve.measure(saved, target, [tmp_path / "features" / "shard_00001.safetensors"], 5, 1)
     assert point == pytest.approx({k: summary["validation"][k] for k in point}, abs=1e-5)
     assert main(parser.parse_args(common + ["--stage", "eval", "--eval-indices", "0", "--eval-new-tokens", "8",
                                             "--eval-tree", "10/3/2", "--eval-out", str(tmp_path / "e.json")])) == 0

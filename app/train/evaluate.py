@@ -13,8 +13,10 @@ from pathlib import Path
 from app.engine import factory
 from app.engine.config import SamplingConfig, TreeConfig, TreeShape
 from app.train.data import log
+from app.train.eagle3 import Eagle3Dataset, validate as validate_eagle3
 from app.train.options import complete
 from app.train.eval_overlap import EVAL_DIR
+from app.train.trainer import FeatureDataset, validate as validate_eagle2
 
 
 def first_turns(name: str, n: int | None, eval_dir: Path = EVAL_DIR, offset: int = 0) -> list[str]:
@@ -144,3 +146,17 @@ if __name__ == "__main__":
 
     for name, r in pool_files(sys.argv[1:]).items():
         print(json.dumps({"set": name, **{k: v for k, v in r.items() if k != "per_prompt"}}))
+
+
+def held_out_acceptance(head, target_model, shards: list[Path], depth: int = 5, vocab_ids=None,
+                        max_batches: int | None = None) -> dict[str, float]:
+    """acc_d (and the loss parts) by depth d = 1..``depth`` of a head of either kind on
+    held-out feature shards: the share of response positions where the head, fed its own
+    drafts for d-1 steps, puts the target's top token first over its draft vocabulary.
+    An EAGLE-3 head reads the shards' target layers and drafts over its own vocabulary; an
+    EAGLE-1/2 head over ``vocab_ids`` (its draft_vocab.json), or all tokens for None."""
+    if getattr(head, "kind", "eagle2") == "eagle3":
+        return validate_eagle3(head, target_model, Eagle3Dataset(shards), depth, head.draft_token_ids(),
+                               max_batches=max_batches)
+    return validate_eagle2(head, target_model, FeatureDataset(shards), steps=depth, max_batches=max_batches,
+                           vocab_ids=vocab_ids)
