@@ -151,6 +151,13 @@ def test_the_cli_trains_an_eagle3_head_from_data_to_eval(tmp_path, monkeypatch, 
     saved = torch.load(tmp_path / "runs" / "main" / "checkpoint.pt", map_location="cpu", weights_only=False)
     point = curve.measure(saved, target, [tmp_path / "features" / "shard_00001.safetensors"], 5, 1)
     assert point == pytest.approx({k: summary["validation"][k] for k in point}, abs=1e-5)
+    # a continued head keeps the vocabulary its LM-head rows belong to, whatever this run would build
+    assert main(parser.parse_args(common + ["--stage", "train", "--epochs", "1", "--batch-tokens", "256",
+                                            "--train-minutes", "0", "--draft-vocab-size", "30", "--run-name", "more",
+                                            "--init-from", str(out), "--out", str(tmp_path / "head-more")])) == 0
+    kept = json.loads((tmp_path / "runs" / "more" / "draft_vocab.json").read_text())
+    assert kept["token_ids"] == vocab["token_ids"] and str(out) in kept["source"]
+    assert loading.load_draft_head(str(tmp_path / "head-more"), target).draft_token_ids().tolist() == vocab["token_ids"]
     assert main(parser.parse_args(common + ["--stage", "eval", "--eval-indices", "0", "--eval-new-tokens", "8",
                                             "--eval-tree", "10/3/2", "--eval-out", str(tmp_path / "e.json")])) == 0
     result = json.loads((tmp_path / "e.json").read_text())["mt_bench"]

@@ -54,11 +54,20 @@ def build(source: Path | list[Path], size: int, always: tuple[int, ...] = ()) ->
     for t in always:                      # e.g. EOS: the head must be able to propose the end
         if t not in chosen:
             chosen[-1:] = [t]
+    return _describe(chosen, counts, "token frequencies of the target's own responses in the head's training data")
+
+
+def describe(token_ids: list[int], source: Path | list[Path], origin: str) -> dict:
+    """A given vocabulary (e.g. the one a head was trained over, which its LM-head rows are
+    tied to) in ``build``'s format, with the share of ``source``'s response tokens it covers."""
+    return _describe(token_ids, count_response_tokens(source), origin)
+
+
+def _describe(chosen: list[int], counts: Counter, origin: str) -> dict:
     total = sum(counts.values())
     covered = sum(counts[t] for t in chosen)
-    return {"token_ids": sorted(chosen), "size": len(chosen), "coverage": covered / total,
-            "response_tokens_counted": total, "distinct_tokens_seen": len(counts),
-            "source": "token frequencies of the target's own responses in the head's training data"}
+    return {"token_ids": sorted(chosen), "size": len(chosen), "coverage": covered / max(total, 1),
+            "response_tokens_counted": total, "distinct_tokens_seen": len(counts), "source": origin}
 
 
 def main(argv=None) -> int:

@@ -43,9 +43,10 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 from app.engine.heads.eagle3 import Eagle3Head, eagle3_config_for
-from app.engine.heads import load_head
+from app.engine.heads import DRAFT_VOCAB_FILE, load_head
 from app.engine.precision import bf16_is_native
 from app.train.data import log
+from app.train.draft_vocab import describe
 from app.train.stage import loss_vocabulary, training_inputs
 from app.train.loss import SubsetLMHead
 from app.train.trainer import FeatureDataset, TrainConfig, train
@@ -205,14 +206,23 @@ def run_training(args, work: Path, out: Path) -> dict:
     data = Eagle3Dataset(paths)
     log(f"train eagle3: {len(data)} conversations, {data.num_tokens} tokens in {len(paths)} shards, "
         f"target layers {list(data.layers)}")
+    if args.init_from:
+        # a head's LM-head rows belong to its draft vocabulary, so a continued head keeps it
+        # (counted afresh on this run's shards); a resumed run finds it in the run folder
+        head = load_head(Path(args.init_from), target.model.config.num_hidden_layers)
+        if not (run_dir / DRAFT_VOCAB_FILE).is_file():
+            vocab = describe(head.draft_token_ids().tolist(), paths, f"the draft vocabulary of {args.init_from}")
+            (run_dir / DRAFT_VOCAB_FILE).write_text(json.dumps(vocab) + "\n")
+            log(f"train eagle3: continuing {args.init_from}: its {vocab['size']} draft tokens cover "
+                f"{vocab['coverage']:.4f} of this run's response tokens")
     vocab = loss_vocabulary(args, run_dir, paths, target)
     V = target.model.config.vocab_size
     vocab_ids = torch.arange(V) if vocab is None else torch.tensor(vocab["token_ids"], dtype=torch.long)
     torch.manual_seed(args.seed)  # the head's initial weights
     if args.init_from:
-        head = load_head(Path(args.init_from), target.model.config.num_hidden_layers)
         if not torch.equal(head.draft_token_ids(), vocab_ids):
-            raise ValueError(f"--init-from {args.init_from} drafts over another vocabulary than this run's")
+            raise ValueError(f"--init-from {args.init_from} drafts over another vocabulary than run "
+                             f"{run_dir.name}'s ({DRAFT_VOCAB_FILE})")
     else:
         head = new_head(target, vocab_ids, data.layers)
     steps = args.ttt_steps if args.ttt_steps else TTT_STEPS
