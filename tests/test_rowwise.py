@@ -191,6 +191,28 @@ def test_attention_row_is_the_same_whether_unseen_keys_are_absent_or_masked():
         assert torch.equal(kernels.attention(q[i:i + 1], k, v, seen, 0.125), alone)
 
 
+@pytest.mark.parametrize("heads,kv_heads,d", [(9, 3, 64), (10, 2, 32), (8, 1, 48), (4, 4, 64)])
+def test_a_heads_attention_does_not_depend_on_the_heads_that_share_its_pass(heads, kv_heads, d):
+    """Up to four query heads of one key/value head are scored and summed in one pass over
+    the keys (SmolLM2: 9 over 3). Each head's bits must be those of the head computed alone,
+    for any group size, head width and row count."""
+    g = torch.Generator().manual_seed(2)
+    n, L = 6, 45
+    q = torch.randn(n, heads, d, generator=g)
+    k, v = torch.randn(kv_heads, L, d, generator=g), torch.randn(kv_heads, L, d, generator=g)
+    mask = torch.rand(n, L, generator=g) > 0.3
+    mask[:, 0] = True
+    together = kernels.attention(q, k, v, mask, 0.125).view(n, heads, d)
+    group = heads // kv_heads
+    for h in range(heads):
+        kv = h // group
+        alone = kernels.attention(q[:, h:h + 1].contiguous(), k[kv:kv + 1], v[kv:kv + 1], mask, 0.125)
+        assert torch.equal(together[:, h], alone), f"head {h}"
+    ref = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k[None], v[None], attn_mask=mask[None, None],
+                                         scale=0.125, enable_gqa=True)[0].transpose(0, 1)
+    torch.testing.assert_close(together, ref, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_greedy_eagle_equals_vanilla_on_the_fast_forward(dtype):

@@ -56,6 +56,8 @@ static inline v16 v_add(v16 a, v16 b) { return _mm512_add_ps(a, b); }
 static inline v16 v_mul(v16 a, v16 b) { return _mm512_mul_ps(a, b); }
 static inline v16 v_div(v16 a, v16 b) { return _mm512_div_ps(a, b); }
 static inline v16 v_neg(v16 a) { return _mm512_sub_ps(_mm512_setzero_ps(), a); }
+static inline v16 v_max(v16 a, v16 b) { return _mm512_max_ps(a, b); }
+static inline float v_hmax(v16 a) { return _mm512_reduce_max_ps(a); }
 #else
 typedef struct { __m256 lo, hi; } v16;
 static inline v16 v_zero(void) { v16 r = {_mm256_setzero_ps(), _mm256_setzero_ps()}; return r; }
@@ -75,6 +77,13 @@ static inline v16 v_add(v16 a, v16 b) { v16 r = {_mm256_add_ps(a.lo, b.lo), _mm2
 static inline v16 v_mul(v16 a, v16 b) { v16 r = {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; return r; }
 static inline v16 v_div(v16 a, v16 b) { v16 r = {_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)}; return r; }
 static inline v16 v_neg(v16 a) { return v_add(v_zero(), v_mul(a, v_set1(-1.0f))); }
+static inline v16 v_max(v16 a, v16 b) { v16 r = {_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)}; return r; }
+static inline float v_hmax(v16 a) {
+    __m256 m8 = _mm256_max_ps(a.lo, a.hi);
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    return _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+}
 #endif
 
 /* The fixed lane tree: (l, l+8), then (l, l+4), (l, l+2), (l, l+1), in shuffles. */
@@ -338,20 +347,10 @@ static inline float dot(const float *a, const float *b, int d) {
     return s;
 }
 
-/* Four dot products at once, each with exactly dot()'s arithmetic: the same FMA chain per
- * lane, then v_sum's lane tree (l, l+8), (l, l+4), (l, l+2), (l, l+1) done for four keys
- * together in shuffles. d must be a multiple of 16. */
+/* The fixed lane tree of v_sum, for four accumulators at once (one dot product each), in
+ * shuffles: (l, l+8), (l, l+4), (l, l+2), (l, l+1). Returns the four sums. */
 #if defined(__AVX512F__)
-static inline __m128 dot4(const float *a, const float *b0, const float *b1, const float *b2,
-                          const float *b3, int d) {
-    __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
-    for (int t = 0; t < d; t += 16) {
-        __m512 at = _mm512_loadu_ps(a + t);
-        c0 = _mm512_fmadd_ps(at, _mm512_loadu_ps(b0 + t), c0);
-        c1 = _mm512_fmadd_ps(at, _mm512_loadu_ps(b1 + t), c1);
-        c2 = _mm512_fmadd_ps(at, _mm512_loadu_ps(b2 + t), c2);
-        c3 = _mm512_fmadd_ps(at, _mm512_loadu_ps(b3 + t), c3);
-    }
+static inline __m128 sum4(__m512 c0, __m512 c1, __m512 c2, __m512 c3) {
     /* (l, l+8): [k0 | k1] and [k2 | k3], 8 lanes each */
     __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(c0, c1, 0x44), _mm512_shuffle_f32x4(c0, c1, 0xEE));
     __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(c2, c3, 0x44), _mm512_shuffle_f32x4(c2, c3, 0xEE));
@@ -366,6 +365,102 @@ static inline __m128 dot4(const float *a, const float *b0, const float *b1, cons
 }
 #endif
 
+/* Scores of `na` query heads (1..4, a compile-time constant at each call) against the keys
+ * [0, keys) of one key/value head: p[a][j] = scale * q_a . k_j, each dot product with
+ * exactly dot()'s arithmetic (one FMA chain per lane over ascending chunks of 16, then the
+ * lane tree), so a score does not depend on which other heads or rows share the call. A key
+ * is loaded once for all na heads. d must be a multiple of 16. */
+static inline __attribute__((always_inline)) void scores_heads(
+        const float *const *qa, const int na, const float *kg, int d, int keys, float scale,
+        float *p, long ldp) {
+    int j = 0;
+#if defined(__AVX512F__)
+    for (; j + 4 <= keys; j += 4) {                  /* 4 keys x na heads: 4 na accumulators */
+        const float *kj = kg + (long)j * d;
+        __m512 c[4][4];
+        for (int a = 0; a < na; a++)
+            for (int e = 0; e < 4; e++) c[a][e] = _mm512_setzero_ps();
+        for (int t = 0; t < d; t += 16) {
+            __m512 k0 = _mm512_loadu_ps(kj + t), k1 = _mm512_loadu_ps(kj + d + t),
+                   k2 = _mm512_loadu_ps(kj + 2 * d + t), k3 = _mm512_loadu_ps(kj + 3 * d + t);
+            for (int a = 0; a < na; a++) {
+                __m512 qt = _mm512_loadu_ps(qa[a] + t);
+                c[a][0] = _mm512_fmadd_ps(qt, k0, c[a][0]);
+                c[a][1] = _mm512_fmadd_ps(qt, k1, c[a][1]);
+                c[a][2] = _mm512_fmadd_ps(qt, k2, c[a][2]);
+                c[a][3] = _mm512_fmadd_ps(qt, k3, c[a][3]);
+            }
+        }
+        for (int a = 0; a < na; a++) {
+            float s4[4];
+            _mm_storeu_ps(s4, sum4(c[a][0], c[a][1], c[a][2], c[a][3]));
+            for (int e = 0; e < 4; e++) p[a * ldp + j + e] = scale * s4[e];
+        }
+    }
+#endif
+    for (; j < keys; j++) {                          /* one key x na heads */
+        const float *kj = kg + (long)j * d;
+        v16 c[4];
+        for (int a = 0; a < na; a++) c[a] = v_zero();
+        for (int t = 0; t < d; t += 16) {
+            v16 kt = v_load(kj + t);
+            for (int a = 0; a < na; a++) c[a] = v_fma(v_load(qa[a] + t), kt, c[a]);
+        }
+        for (int a = 0; a < na; a++) p[a * ldp + j] = scale * v_sum(c[a]);
+    }
+}
+
+/* o_a = sum_j p[a][j] v_j over ascending j, for `na` heads (1..4, compile-time) sharing one
+ * value head: each output element is the same FMA chain as one head alone would give
+ * (a zero p adds an exact zero: acc starts at +0 and never becomes -0), and a value row is
+ * loaded once for all na heads; keys whose p is zero for every head are skipped. */
+#if defined(__AVX512F__)
+#define PV_VECS 4                              /* 4 na accumulators + 4 values of 16 floats */
+#else
+#define PV_VECS 2                              /* v16 is two ymm: 2 x 2 na + 2 x 2 ymm */
+#endif
+static inline __attribute__((always_inline)) void values_heads(
+        const float *p, long ldp, const int na, const float *vg, int d, int keys, float *inv,
+        float *const *oa) {
+    int t = 0;
+    if (d < 16 * PV_VECS)                        /* no wide pass below to sum beside */
+        for (int a = 0; a < na; a++) {
+            float sum = 0.0f;
+            for (int j = 0; j < keys; j++) sum += p[a * ldp + j];
+            inv[a] = 1.0f / sum;
+        }
+    for (; t + 16 * PV_VECS <= d; t += 16 * PV_VECS) {
+        v16 acc[4][PV_VECS];
+        float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int a = 0; a < na; a++)
+            for (int u = 0; u < PV_VECS; u++) acc[a][u] = v_zero();
+        for (int j = 0; j < keys; j++) {
+            int any = 0;
+            for (int a = 0; a < na; a++) any |= p[a * ldp + j] != 0.0f;
+            if (!any) continue;
+            const float *vj = vg + (long)j * d + t;
+            v16 vv[PV_VECS];
+            for (int u = 0; u < PV_VECS; u++) vv[u] = v_load(vj + 16 * u);
+            for (int a = 0; a < na; a++) {
+                sum[a] += p[a * ldp + j];    /* the softmax denominator: ascending j, beside the FMAs */
+                v16 pj = v_set1(p[a * ldp + j]);
+                for (int u = 0; u < PV_VECS; u++) acc[a][u] = v_fma(pj, vv[u], acc[a][u]);
+            }
+        }
+        if (t == 0)
+            for (int a = 0; a < na; a++) inv[a] = 1.0f / sum[a];
+        for (int a = 0; a < na; a++)
+            for (int u = 0; u < PV_VECS; u++) v_store(oa[a] + t + 16 * u, v_mul(acc[a][u], v_set1(inv[a])));
+    }
+    for (; t + 16 <= d; t += 16)
+        for (int a = 0; a < na; a++) {
+            v16 acc = v_zero();
+            for (int j = 0; j < keys; j++)
+                if (p[a * ldp + j] != 0.0f) acc = v_fma(v_set1(p[a * ldp + j]), v_load(vg + (long)j * d + t), acc);
+            v_store(oa[a] + t, v_mul(acc, v_set1(inv[a])));
+        }
+}
+
 /* out[i][h*d + t] = softmax_j(scale * q_i,h . k_j) v_j over the keys row i may see.
  *   q       (n rows, Hq heads, d): q + i*q_row + h*q_head
  *   k, v    (Hkv heads, L keys, d): k + g*kv_head + j*d      (head h reads g = h / (Hq/Hkv))
@@ -373,16 +468,18 @@ static inline __m128 dot4(const float *a, const float *b0, const float *b1, cons
  *   out     (n, Hq*d), row stride ldo
  *   scratch (threads, Hq/Hkv, L + 16) floats
  * Masked keys get probability exactly 0 and are skipped, so a row's result is the same
- * whether the keys it does not see are absent (a decode step) or masked (a tree). */
+ * whether the keys it does not see are absent (a decode step) or masked (a tree).
+ * Work goes key/value head by key/value head (each head's keys and values, L d floats each,
+ * stay in the L2 cache while every row reads them) and, within one, up to four query heads
+ * at a time share each loaded key and value. Per element the arithmetic is dot()'s and one
+ * FMA chain over ascending keys whatever n is or which heads share a pass. */
 void rowwise_attention(const float *q, long q_row, long q_head, const float *k, const float *v,
                        long kv_head, int n, int Hq, int Hkv, int d, int L, const uint8_t *mask,
                        float scale, float *out, long ldo, float *scratch, int threads) {
-    /* one task: row i against key/value head g, for the `group` query heads that share it
-     * (each key and value is loaded once for all of them) */
     int group = Hq / Hkv;
     #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && n * Hkv > 1)
     for (int task = 0; task < n * Hkv; task++) {
-        int i = task / Hkv, g = task % Hkv;
+        int g = task / n, i = task % n;               /* key/value head outer, row inner */
 #ifdef _OPENMP
         float *scr = scratch + (long)omp_get_thread_num() * group * (L + 16);
 #else
@@ -391,66 +488,60 @@ void rowwise_attention(const float *q, long q_row, long q_head, const float *k, 
         const float *kg = k + (long)g * kv_head, *vg = v + (long)g * kv_head;
         const uint8_t *row = mask ? mask + (long)i * L : NULL;
         int keys = mask ? L : L - n + i + 1;          /* causal: row i sees keys [0, keys) */
-        for (int a = 0; a < group; a++) {
-            int h = g * group + a;
-            const float *qi = q + (long)i * q_row + (long)h * q_head;
-            float *p = scr + (long)a * (L + 16);
-            float mx = -INFINITY;
-            int j = 0;
-#if defined(__AVX512F__)
-            if (d % 16 == 0)
-                for (; j + 4 <= keys; j += 4) {
-                    const float *kj = kg + (long)j * d;
-                    float s4[4];
-                    _mm_storeu_ps(s4, dot4(qi, kj, kj + d, kj + 2 * d, kj + 3 * d, d));
-                    for (int e = 0; e < 4; e++) {
-                        p[j + e] = (row && !row[j + e]) ? -INFINITY : scale * s4[e];
-                        if (p[j + e] > mx) mx = p[j + e];
+        long ldp = L + 16;
+        for (int a0 = 0; a0 < group; a0 += 4) {
+            int na = group - a0 < 4 ? group - a0 : 4;
+            const float *qa[4];
+            float *oa[4], inv[4];
+            for (int a = 0; a < na; a++) {
+                int h = g * group + a0 + a;
+                qa[a] = q + (long)i * q_row + (long)h * q_head;
+                oa[a] = out + (long)i * ldo + (long)h * d;
+            }
+            float *p = scr + (long)a0 * ldp;
+            if (d % 16 == 0) {
+                switch (na) {
+                case 1: scores_heads(qa, 1, kg, d, keys, scale, p, ldp); break;
+                case 2: scores_heads(qa, 2, kg, d, keys, scale, p, ldp); break;
+                case 3: scores_heads(qa, 3, kg, d, keys, scale, p, ldp); break;
+                default: scores_heads(qa, 4, kg, d, keys, scale, p, ldp); break;
+                }
+            } else {
+                for (int a = 0; a < na; a++)
+                    for (int j = 0; j < keys; j++) p[a * ldp + j] = scale * dot(qa[a], kg + (long)j * d, d);
+            }
+            for (int a = 0; a < na; a++) {            /* softmax numerators */
+                float *pa = p + a * ldp;
+                for (int j = keys; j < keys + 16; j++) pa[j] = -INFINITY;
+                if (row)
+                    for (int j = 0; j < keys; j++) pa[j] = row[j] ? pa[j] : -INFINITY;
+                v16 m16 = v_load(pa);                  /* the maximum, in any order: it is exact */
+                for (int j = 16; j < keys; j += 16) m16 = v_max(m16, v_load(pa + j));
+                v16 m = v_set1(v_hmax(m16));
+                for (int j = 0; j < keys; j += 16)     /* -inf - mx -> exp gives 0 */
+                    v_store(pa + j, v_exp(v_add(v_load(pa + j), v_neg(m))));
+            }
+            if (d % 16 != 0)                           /* else values_heads sums beside its FMAs */
+                for (int a = 0; a < na; a++) {
+                    float sum = 0.0f;
+                    for (int j = 0; j < keys; j++) sum += p[a * ldp + j];
+                    inv[a] = 1.0f / sum;
+                }
+            if (d % 16 == 0) {
+                switch (na) {
+                case 1: values_heads(p, ldp, 1, vg, d, keys, inv, oa); break;
+                case 2: values_heads(p, ldp, 2, vg, d, keys, inv, oa); break;
+                case 3: values_heads(p, ldp, 3, vg, d, keys, inv, oa); break;
+                default: values_heads(p, ldp, 4, vg, d, keys, inv, oa); break;
+                }
+            } else {
+                for (int a = 0; a < na; a++)
+                    for (int t = 0; t < d; t++) {
+                        float acc = 0.0f, *pa = p + a * ldp;
+                        for (int j = 0; j < keys; j++)
+                            if (pa[j] != 0.0f) acc = fmaf(pa[j], vg[(long)j * d + t], acc);
+                        oa[a][t] = acc * inv[a];
                     }
-                }
-#endif
-            for (; j < keys; j++) {
-                if (row && !row[j]) { p[j] = -INFINITY; continue; }
-                p[j] = scale * dot(qi, kg + (long)j * d, d);
-                if (p[j] > mx) mx = p[j];
-            }
-            for (int j = keys; j < keys + 16; j++) p[j] = -INFINITY;
-            v16 m = v_set1(mx);
-            for (int j = 0; j < keys; j += 16)          /* -inf - mx -> exp gives 0 */
-                v_store(p + j, v_exp(v_add(v_load(p + j), v_neg(m))));
-            float sum = 0.0f;
-            for (int j = 0; j < keys; j++) sum += p[j];
-            float inv = 1.0f / sum;
-            float *o = out + (long)i * ldo + (long)h * d;
-            int t = 0;
-            for (; t + 64 <= d; t += 64) {        /* 4 chunks of 16 per pass over the keys */
-                v16 a0 = v_zero(), a1 = v_zero(), a2 = v_zero(), a3 = v_zero();
-                for (int j = 0; j < keys; j++) {
-                    if (p[j] == 0.0f) continue;
-                    const float *vj = vg + (long)j * d + t;
-                    v16 pj = v_set1(p[j]);
-                    a0 = v_fma(pj, v_load(vj), a0);
-                    a1 = v_fma(pj, v_load(vj + 16), a1);
-                    a2 = v_fma(pj, v_load(vj + 32), a2);
-                    a3 = v_fma(pj, v_load(vj + 48), a3);
-                }
-                v16 sc = v_set1(inv);
-                v_store(o + t, v_mul(a0, sc));
-                v_store(o + t + 16, v_mul(a1, sc));
-                v_store(o + t + 32, v_mul(a2, sc));
-                v_store(o + t + 48, v_mul(a3, sc));
-            }
-            for (; t + 16 <= d; t += 16) {
-                v16 acc = v_zero();
-                for (int j = 0; j < keys; j++)
-                    if (p[j] != 0.0f) acc = v_fma(v_set1(p[j]), v_load(vg + (long)j * d + t), acc);
-                v_store(o + t, v_mul(acc, v_set1(inv)));
-            }
-            for (; t < d; t++) {
-                float acc = 0.0f;
-                for (int j = 0; j < keys; j++)
-                    if (p[j] != 0.0f) acc = fmaf(p[j], vg[(long)j * d + t], acc);
-                o[t] = acc * inv;
             }
         }
     }
