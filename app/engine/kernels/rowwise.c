@@ -363,6 +363,20 @@ static inline __m128 sum4(__m512 c0, __m512 c1, __m512 c2, __m512 c3) {
     return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
                                                                          12, 8, 4, 0), s1));
 }
+#else
+static inline __m128 sum4(v16 c0, v16 c1, v16 c2, v16 c3) {
+    /* (l, l+8): the two halves of each accumulator */
+    __m256 e0 = _mm256_add_ps(c0.lo, c0.hi), e1 = _mm256_add_ps(c1.lo, c1.hi),
+           e2 = _mm256_add_ps(c2.lo, c2.hi), e3 = _mm256_add_ps(c3.lo, c3.hi);
+    /* (l, l+4): [k0 | k1] and [k2 | k3], 4 lanes each */
+    __m256 s01 = _mm256_add_ps(_mm256_permute2f128_ps(e0, e1, 0x20), _mm256_permute2f128_ps(e0, e1, 0x31));
+    __m256 s23 = _mm256_add_ps(_mm256_permute2f128_ps(e2, e3, 0x20), _mm256_permute2f128_ps(e2, e3, 0x31));
+    /* (l, l+2): per 128-bit half [k0 k0 k2 k2] | [k1 k1 k3 k3] */
+    __m256 s2 = _mm256_add_ps(_mm256_shuffle_ps(s01, s23, 0x44), _mm256_shuffle_ps(s01, s23, 0xEE));
+    /* (l, l+1): per half [k0 k2 . .] | [k1 k3 . .] */
+    __m256 s1 = _mm256_add_ps(_mm256_shuffle_ps(s2, s2, 0x88), _mm256_shuffle_ps(s2, s2, 0xDD));
+    return _mm_unpacklo_ps(_mm256_castps256_ps128(s1), _mm256_extractf128_ps(s1, 1));   /* [k0 k1 k2 k3] */
+}
 #endif
 
 /* Scores of `na` query heads (1..4, a compile-time constant at each call) against the keys
@@ -376,19 +390,21 @@ static inline __attribute__((always_inline)) void scores_heads(
     int j = 0;
 #if defined(__AVX512F__)
     for (; j + 4 <= keys; j += 4) {                  /* 4 keys x na heads: 4 na accumulators */
+#else
+    for (; j + 4 <= keys; j += 4) {                  /* AVX2 (16 ymm): called with na = 1 */
+#endif
         const float *kj = kg + (long)j * d;
-        __m512 c[4][4];
+        v16 c[4][4];
         for (int a = 0; a < na; a++)
-            for (int e = 0; e < 4; e++) c[a][e] = _mm512_setzero_ps();
+            for (int e = 0; e < 4; e++) c[a][e] = v_zero();
         for (int t = 0; t < d; t += 16) {
-            __m512 k0 = _mm512_loadu_ps(kj + t), k1 = _mm512_loadu_ps(kj + d + t),
-                   k2 = _mm512_loadu_ps(kj + 2 * d + t), k3 = _mm512_loadu_ps(kj + 3 * d + t);
+            v16 k0 = v_load(kj + t), k1 = v_load(kj + d + t), k2 = v_load(kj + 2 * d + t), k3 = v_load(kj + 3 * d + t);
             for (int a = 0; a < na; a++) {
-                __m512 qt = _mm512_loadu_ps(qa[a] + t);
-                c[a][0] = _mm512_fmadd_ps(qt, k0, c[a][0]);
-                c[a][1] = _mm512_fmadd_ps(qt, k1, c[a][1]);
-                c[a][2] = _mm512_fmadd_ps(qt, k2, c[a][2]);
-                c[a][3] = _mm512_fmadd_ps(qt, k3, c[a][3]);
+                v16 qt = v_load(qa[a] + t);
+                c[a][0] = v_fma(qt, k0, c[a][0]);
+                c[a][1] = v_fma(qt, k1, c[a][1]);
+                c[a][2] = v_fma(qt, k2, c[a][2]);
+                c[a][3] = v_fma(qt, k3, c[a][3]);
             }
         }
         for (int a = 0; a < na; a++) {
@@ -397,7 +413,6 @@ static inline __attribute__((always_inline)) void scores_heads(
             for (int e = 0; e < 4; e++) p[a * ldp + j + e] = scale * s4[e];
         }
     }
-#endif
     for (; j < keys; j++) {                          /* one key x na heads */
         const float *kj = kg + (long)j * d;
         v16 c[4];
@@ -500,12 +515,16 @@ void rowwise_attention(const float *q, long q_row, long q_head, const float *k, 
             }
             float *p = scr + (long)a0 * ldp;
             if (d % 16 == 0) {
+#if defined(__AVX512F__)
                 switch (na) {
                 case 1: scores_heads(qa, 1, kg, d, keys, scale, p, ldp); break;
                 case 2: scores_heads(qa, 2, kg, d, keys, scale, p, ldp); break;
                 case 3: scores_heads(qa, 3, kg, d, keys, scale, p, ldp); break;
                 default: scores_heads(qa, 4, kg, d, keys, scale, p, ldp); break;
                 }
+#else
+                for (int a = 0; a < na; a++) scores_heads(qa + a, 1, kg, d, keys, scale, p + a * ldp, ldp);
+#endif
             } else {
                 for (int a = 0; a < na; a++)
                     for (int j = 0; j < keys; j++) p[a * ldp + j] = scale * dot(qa[a], kg + (long)j * d, d);
