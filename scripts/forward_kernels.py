@@ -51,6 +51,43 @@ def copy_bandwidth(threads: int) -> float:
     return 2 * a.numel() * 4 / min(times) / 1e9
 
 
+def baseline_kernels(rev: str):
+    """The kernels library built from ``rowwise.c`` at git revision ``rev``."""
+    import subprocess
+    import tempfile
+
+    root = Path(__file__).resolve().parents[1]
+    text = subprocess.run(["git", "show", f"{rev}:app/engine/kernels/rowwise.c"], cwd=root, check=True,
+                          capture_output=True, text=True).stdout
+    folder = Path(tempfile.mkdtemp(prefix="rowwise-baseline-"))
+    (folder / "rowwise.c").write_text(text)
+    return kernels.load_other(folder / "rowwise.c", folder / "rowwise.so")
+
+
+class WithKernels:
+    """A rowwise forward that runs on another build of the kernels (swapped in per call)."""
+
+    def __init__(self, dec, lib):
+        self.dec, self.lib = dec, lib
+
+    def _swap(self, fn, *args):
+        kernels.load()
+        own, kernels._lib = kernels._lib, self.lib
+        try:
+            return fn(*args)
+        finally:
+            kernels._lib = own
+
+    def __call__(self, *args):
+        return self._swap(self.dec, *args)
+
+    def prefill(self, *args):
+        return self._swap(self.dec.prefill, *args)
+
+    def logits(self, *args):
+        return self._swap(self.dec.logits, *args)
+
+
 class OneDNNDecoder(fused.FusedLlamaDecoder):
     """The eager fused forward with oneDNN-packed linears (weights reordered once)."""
 
@@ -90,11 +127,22 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--forwards", default="transformers,fused,onednn,rowwise")
     p.add_argument("--out", default=None, help="also write the markdown table here")
+    p.add_argument("--baseline", default=None, metavar="REV",
+                   help="also time 'rowwise@REV': the one-call forward, on the same packed weights, with "
+                        "app/engine/kernels/rowwise.c as of git revision REV, interleaved with today's in "
+                        "this process (a kernel change's effect, free of the drift between runs on a shared "
+                        "machine and of where each copy of the weights lies in memory)")
     args = p.parse_args()
+    if args.baseline:
+        args.forwards += f",rowwise@{args.baseline}"
     sizes = [int(n) for n in args.sizes.split(",")]
     torch.set_num_threads(args.threads)
     models = {}
     for name in args.forwards.split(","):
+        if "@" in name:          # the same decoder and packed weights, another build of the kernels
+            model, dec = models[name.split("@")[0]]
+            models[name] = (model, WithKernels(dec, baseline_kernels(name.split("@", 1)[1])))
+            continue
         fast = name.startswith("rowwise")
         target = load_target(None, device="cpu", dtype=args.dtype, forward="auto" if fast else "eager")
         model = target.model

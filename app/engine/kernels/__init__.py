@@ -125,33 +125,49 @@ def load(log=None):
         except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
             _why_not = f"building the kernels failed: {exc}"
         else:
-            lib.rowwise_linear.restype = None
-            lib.rowwise_linear.argtypes = [
-                ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
-                ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
-            lib.rowwise_attention.restype = None
-            lib.rowwise_attention.argtypes = [
-                ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
-                ctypes.c_long, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p,
-                ctypes.c_int]
-            lib.rowwise_group.restype = lib.rowwise_bf16_pairs.restype = ctypes.c_int
-            lib.rowwise_rmsnorm.restype = lib.rowwise_silu_mul.restype = None
-            lib.rowwise_rmsnorm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
-                                            ctypes.c_float, ctypes.c_void_p]
-            lib.rowwise_silu_mul.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
-            lib.rowwise_rope.restype = None
-            lib.rowwise_rope.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_int, ctypes.c_int,
-                                         ctypes.c_void_p, ctypes.c_void_p]
-            lib.rowwise_decoder.restype = None
-            lib.rowwise_decoder.argtypes = [
-                ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(Layer), ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
-                ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_float,
-                ctypes.c_void_p, ctypes.c_int]
-            lib.kind = kind
-            _lib = lib
+            _lib = declare(lib, kind)
     return _lib
+
+
+def declare(lib, kind: str):
+    """Give a loaded build of ``rowwise.c`` its C signatures (and ``kind``); returns it."""
+    lib.rowwise_linear.restype = None
+    lib.rowwise_linear.argtypes = [
+        ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
+        ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
+    lib.rowwise_attention.restype = None
+    lib.rowwise_attention.argtypes = [
+        ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
+        ctypes.c_long, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+        ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p,
+        ctypes.c_int]
+    lib.rowwise_group.restype = lib.rowwise_bf16_pairs.restype = ctypes.c_int
+    lib.rowwise_rmsnorm.restype = lib.rowwise_silu_mul.restype = None
+    lib.rowwise_rmsnorm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                    ctypes.c_float, ctypes.c_void_p]
+    lib.rowwise_silu_mul.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    lib.rowwise_rope.restype = None
+    lib.rowwise_rope.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_int, ctypes.c_int,
+                                 ctypes.c_void_p, ctypes.c_void_p]
+    lib.rowwise_decoder.restype = None
+    lib.rowwise_decoder.argtypes = [
+        ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(Layer), ctypes.c_int, ctypes.c_int, ctypes.c_int,
+        ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_float,
+        ctypes.c_void_p, ctypes.c_int]
+    lib.kind = kind
+    return lib
+
+
+def load_other(source: Path, out: Path):
+    """A build of another ``rowwise.c`` (e.g. an earlier revision) for this process's ISA,
+    compiled to ``out``: benchmarks swap it in as ``_lib`` to time old and new kernels
+    interleaved in one process (scripts/forward_kernels.py --baseline)."""
+    kind = isa()
+    cmd = command(kind, compiler(), out)
+    cmd[cmd.index(str(SOURCE))] = str(source)
+    subprocess.run(cmd, check=True, capture_output=True)
+    return declare(ctypes.CDLL(str(out)), kind)
 
 
 def why_not() -> str | None:
