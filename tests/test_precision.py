@@ -1,6 +1,7 @@
 """The dtype chooser (app/engine/precision.py): bfloat16 only where it is clearly faster."""
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -35,3 +36,22 @@ def test_time_forwards_interleaves_dtypes_on_a_tiny_model(tiny):
     models = {"float32": target.model, "bfloat16": copy.deepcopy(target.model).to(torch.bfloat16)}
     ms = precision.time_forwards(models, sizes=(1, 3), prefix_len=8, repeats=2)
     assert set(ms) == {"float32", "bfloat16"} and all(len(v) == 2 and min(v) > 0 for v in ms.values())
+
+
+def test_auto_picks_bfloat16_weights_wherever_the_fast_kernels_run_and_float32_on_the_eager_forward(
+        tiny, monkeypatch, tmp_path):
+    """The fast forward reads bfloat16 weights and multiplies in float32 where bfloat16 is not
+    native, so "auto" halves the bytes on an AVX2-only CPU too; the eager forward would
+    emulate bfloat16 op by op, so it keeps float32 there (and never times anything)."""
+    import torch
+
+    from app.engine import kernels
+
+    if kernels.load() is None:
+        pytest.skip(f"no fast kernels here: {kernels.why_not()}")
+    target, _ = tiny
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)      # an AVX2-only CPU
+    monkeypatch.setattr(precision, "_choice_path", lambda name: tmp_path / "never-written.json")
+    assert precision.auto_cpu_dtype("tiny", target.model, forward="auto") == torch.bfloat16
+    assert precision.auto_cpu_dtype("tiny", target.model, forward="eager") == torch.float32
+    assert not (tmp_path / "never-written.json").exists()

@@ -97,13 +97,14 @@ def _choice_path(model_name: str) -> Path:
 def auto_cpu_dtype(model_name: str, model: torch.nn.Module, log=None, forward: str = "auto") -> torch.dtype:
     """The dtype to decode ``model`` (loaded in float32) in on this CPU, measured once and kept.
 
-    With the fast forward (``forward="auto"`` where ``forward.fast_unavailable`` finds nothing
-    against it) no measurement is needed: a step there is bound by reading the weights, and
-    bfloat16 weights are half the bytes, so bfloat16 wherever it is native (the draft head
-    and the rest still run eager torch ops in the model's dtype, which emulated bfloat16
-    would slow down)."""
-    if not cpu_has_native_bf16():
-        return torch.float32
+    With the fast forward (``forward="auto"`` where ``fused.supports`` finds nothing against it
+    and the kernels build) no measurement is needed: a step there is bound by reading the
+    weights, and bfloat16 weights are half the bytes, so bfloat16 on every CPU the kernels
+    run on. Where bfloat16 is not native they widen each weight to float32 in registers and
+    multiply in float32, exactly as they do for every row count (AVX2 emulation, the shipped
+    head, six suites x 2 prompts, 128 tokens: vanilla 63.0 against 44.5 tokens/s in float32,
+    the default 65.2 against 51.8, benchmarks/fast-forward/avx2-bf16-weights.md). On the eager
+    forward emulated bfloat16 is several times slower, so float32 there."""
     if forward == "auto":
         # lazy: fused imports transformers' Llama modelling (+9 s measured on top of this module),
         # and loading.py imports this module: `export-head` reads heads through loading, no target
@@ -112,6 +113,8 @@ def auto_cpu_dtype(model_name: str, model: torch.nn.Module, log=None, forward: s
 
         if supports(model) is None and kernels.load() is not None:
             return torch.bfloat16
+    if not cpu_has_native_bf16():
+        return torch.float32
     path = _choice_path(model_name)
     try:
         return getattr(torch, json.loads(path.read_text())["dtype"])
