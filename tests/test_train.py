@@ -236,6 +236,42 @@ def test_interrupted_training_resumes_where_it_left_off(tiny_data, tmp_path):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5, msg=name)
 
 
+def test_training_measures_held_out_acceptance_keeps_the_best_head_and_stops_on_a_plateau(tiny_data, tmp_path):
+    """--validate-every / --patience: every measurement is recorded, the head returned is the
+    best one measured (its held-out acc1 is the best point's), and a run that stops improving
+    ends after `patience` measurements without a new best."""
+    from pathlib import Path
+
+    from app.train.trainer import FeatureDataset, validate
+
+    target, data = tiny_data
+    held_out = FeatureDataset([Path(data.paths[1])])
+    measure = lambda h: validate(h, target.model, held_out, steps=2)      # noqa: E731
+    head = _head(target)
+    state = train(head, target.model, data, tmp_path / "learns", LossConfig(ttt_steps=1),
+                  TrainConfig(epochs=20, batch_tokens=512, lr=3e-3, warmup_steps=5, validate_every=5),
+                  progress=False, validator=measure)
+    points = state["validations"]
+    assert [p["step"] for p in points] == list(range(5, state["step"] + 1, 5))
+    best = state["best"]
+    assert best["acc1"] == max(p["acc1"] for p in points) and best["acc1"] > points[0]["acc1"]
+    assert measure(head)["acc1"] == pytest.approx(best["acc1"], abs=1e-4)
+    # a learning rate that wrecks the head after its first steps: the best is an early one,
+    # and it is the one returned
+    wrecked = _head(target)
+    state = train(wrecked, target.model, data, tmp_path / "wrecked", LossConfig(ttt_steps=1),
+                  TrainConfig(epochs=10, batch_tokens=512, lr=0.3, warmup_steps=1, validate_every=2),
+                  progress=False, validator=measure)
+    assert state["validations"][-1]["acc1"] < state["best"]["acc1"]
+    assert measure(wrecked)["acc1"] == pytest.approx(state["best"]["acc1"], abs=1e-4)
+    # lr 0: nothing changes, so after the first measurement none is a new best
+    still = train(_head(target), target.model, data, tmp_path / "flat", LossConfig(ttt_steps=1),
+                  TrainConfig(epochs=20, batch_tokens=512, lr=0.0, warmup_steps=1, validate_every=2, patience=3),
+                  progress=False, validator=measure)
+    assert [p["step"] for p in still["validations"]] == [2, 4, 6, 8] and still["step"] == 8
+    assert still["best"]["step"] == 2
+
+
 def test_saved_head_reloads_strictly_with_identical_outputs(tiny_data, tmp_path):
     target, data = tiny_data
     head = _head(target, seed=4).eval()
@@ -565,3 +601,17 @@ def test_bf16_is_used_for_data_and_loss_only_where_it_is_native(monkeypatch):
     assert not precision.bf16_is_native("cpu")
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
     assert precision.bf16_is_native("cpu")
+
+
+def test_validation_options_without_a_held_out_shard_are_refused_in_one_line(tmp_path, capsys):
+    import argparse
+
+    from app.train.cli import add_arguments, main
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    common = ["--stage", "train", "--work-dir", str(tmp_path)]
+    assert main(parser.parse_args(common + ["--validate-every", "50"])) == 2
+    assert "give --holdout" in capsys.readouterr().err
+    assert main(parser.parse_args(common + ["--patience", "3", "--holdout", "shard_00002.safetensors"])) == 2
+    assert "give --validate-every" in capsys.readouterr().err

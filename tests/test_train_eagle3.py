@@ -154,7 +154,12 @@ def test_the_cli_trains_an_eagle3_head_from_data_to_eval(tmp_path, monkeypatch, 
     # a continued head keeps the vocabulary its LM-head rows belong to, whatever this run would build
     assert main(parser.parse_args(common + ["--stage", "train", "--epochs", "1", "--batch-tokens", "256",
                                             "--train-minutes", "0", "--draft-vocab-size", "30", "--run-name", "more",
-                                            "--init-from", str(out), "--out", str(tmp_path / "head-more")])) == 0
+                                            "--init-from", str(out), "--out", str(tmp_path / "head-more"),
+                                            "--holdout", "shard_00001.safetensors", "--val-batches", "1",
+                                            "--validate-every", "1"])) == 0
+    more = json.loads((tmp_path / "runs" / "more" / "summary.json").read_text())["state"]
+    assert [p["step"] for p in more["validations"]] == list(range(1, more["step"] + 1))
+    assert more["best"]["acc1"] == max(p["acc1"] for p in more["validations"]) and "acc5" in more["best"]
     kept = json.loads((tmp_path / "runs" / "more" / "draft_vocab.json").read_text())
     assert kept["token_ids"] == vocab["token_ids"] and str(out) in kept["source"]
     assert loading.load_draft_head(str(tmp_path / "head-more"), target).draft_token_ids().tolist() == vocab["token_ids"]

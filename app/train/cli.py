@@ -41,7 +41,7 @@ from app.train.data import generate_with_features, log, shard_name
 from app.train.eagle3 import run_training as run_eagle3_training
 from app.train.evaluate import parse_indices, run_eval
 from app.train.medusa import run_medusa_training
-from app.train.options import STAGES, add_arguments, complete  # noqa: F401  (add_arguments: the CLI's entry)
+from app.train.options import STAGES, add_arguments, check, complete  # noqa: F401  (add_arguments: the CLI's entry)
 from app.train.prompts import build_prompts, load_prompts, save_prompts
 from app.train.stage import run_training
 
@@ -53,6 +53,7 @@ def main(args: argparse.Namespace) -> int:
     args = complete(args)
     try:   # before any stage: a run that would fail at its first model load fails now, in one line
         choose_device(args.device)
+        check(args)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -229,8 +229,15 @@ def run_training(args, work: Path, out: Path) -> dict:
     loss_cfg = Eagle3LossConfig(ttt_steps=steps, bf16=not args.fp32_lm_head and bf16_is_native(args.device))
     cfg = TrainConfig(epochs=args.epochs, batch_tokens=args.batch_tokens, lr=args.lr,
                       weight_decay=args.weight_decay, warmup_steps=args.warmup_steps, clip=args.clip,
-                      seed=args.seed, checkpoint_every=args.checkpoint_every, max_minutes=args.train_minutes or None)
-    state = train(head, target.model, data, run_dir, loss_cfg, cfg, vocab_ids=vocab_ids, loss_fn=eagle3_loss)
+                      seed=args.seed, checkpoint_every=args.checkpoint_every, max_minutes=args.train_minutes or None,
+                      validate_every=args.validate_every, patience=args.patience)
+    validator = None
+    if holdout and args.validate_every:
+        held_out = Eagle3Dataset(holdout)
+        validator = lambda h: validate(h, target.model, held_out, max(steps, 5), vocab_ids,   # noqa: E731
+                                       max_batches=args.val_batches)
+    state = train(head, target.model, data, run_dir, loss_cfg, cfg, vocab_ids=vocab_ids, loss_fn=eagle3_loss,
+                  validator=validator)
     head.save(out)
     val = None
     if holdout:

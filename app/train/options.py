@@ -77,6 +77,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="feature shard file names kept out of training, for held-out acceptance by depth")
     p.add_argument("--val-batches", type=int, default=None,
                    help="held-out batches (of 2048 tokens) for validation; default all")
+    p.add_argument("--validate-every", type=int, default=0,
+                   help="optimiser steps between held-out measurements during training (needs --holdout; "
+                        "0 = none): each is logged and kept in the run's summary, and the head saved at the "
+                        "end is the best one measured")
+    p.add_argument("--patience", type=int, default=0,
+                   help="stop training once this many held-out measurements in a row bring no new best "
+                        "depth-1 acceptance (+0.002); 0 = train to --train-minutes / --epochs")
     p.add_argument("--checkpoint-every", type=int, default=100, help="optimiser steps between checkpoints")
     p.add_argument("--run-name", default="main", help="checkpoint folder name under <work-dir>/runs")
     p.add_argument("--init-from", default=None, help="start training from this head folder")
@@ -102,6 +109,14 @@ def _defaults() -> dict:
     p = argparse.ArgumentParser()
     add_arguments(p)
     return vars(p.parse_args([]))
+
+
+def check(args: argparse.Namespace) -> None:
+    """Refuse option combinations no stage can honour (ValueError, said in one line)."""
+    if (args.validate_every or args.patience) and not args.holdout:
+        raise ValueError("--validate-every and --patience measure held-out acceptance: give --holdout SHARD ...")
+    if args.patience and not args.validate_every:
+        raise ValueError("--patience counts held-out measurements: give --validate-every STEPS too")
 
 
 def complete(args: argparse.Namespace) -> argparse.Namespace:

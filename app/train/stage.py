@@ -56,10 +56,16 @@ def run_training(args, work: Path, out: Path) -> dict:
                           lm_head_bf16=not args.fp32_lm_head and bf16_is_native(args.device), kl_fraction=args.kl_fraction)
     cfg = TrainConfig(epochs=args.epochs, batch_tokens=args.batch_tokens, lr=args.lr,
                       weight_decay=args.weight_decay, warmup_steps=args.warmup_steps, clip=args.clip,
-                      seed=args.seed, checkpoint_every=args.checkpoint_every, max_minutes=args.train_minutes or None)
+                      seed=args.seed, checkpoint_every=args.checkpoint_every, max_minutes=args.train_minutes or None,
+                      validate_every=args.validate_every, patience=args.patience)
     vocab = loss_vocabulary(args, run_dir, paths, target)
     vocab_ids = None if vocab is None else torch.tensor(vocab["token_ids"], dtype=torch.long)
-    state = train(head, target.model, data, run_dir, loss_cfg, cfg, vocab_ids=vocab_ids)
+    validator = None
+    if holdout and args.validate_every:
+        held_out = FeatureDataset(holdout)
+        validator = lambda h: validate(h, target.model, held_out, max_batches=args.val_batches,   # noqa: E731
+                                       vocab_ids=vocab_ids)
+    state = train(head, target.model, data, run_dir, loss_cfg, cfg, vocab_ids=vocab_ids, validator=validator)
     head.save(out)
     if vocab is not None:  # the engine drafts from the vocabulary the head was trained on
         (out / DRAFT_VOCAB_FILE).write_text(json.dumps(vocab) + "\n")

@@ -106,11 +106,14 @@ class TrainConfig:
     checkpoint_every: int = 100
     max_minutes: float | None = None  # training-time budget of the run, summed over resumes
     stop_at_step: int | None = None   # stop (and checkpoint) here, as an interruption would
+    validate_every: int = 0           # optimiser steps between held-out measurements (0: none)
+    patience: int = 0                 # stop after this many measurements without a new best acc1 (0: never)
+    min_gain: float = 0.002           # what counts as a new best: acc1 above the best by this much
 
 
 def train(head, target_model, data: FeatureDataset, run_dir: Path, loss_cfg: LossConfig,
           cfg: TrainConfig, progress: bool = True, vocab_ids: torch.Tensor | None = None,
-          loss_fn=None) -> dict:
+          loss_fn=None, validator=None) -> dict:
     """Train ``head`` in place, checkpointing to ``run_dir`` (and resuming from it).
 
     ``loss_fn``: ``head_loss`` (EAGLE-1/2, the default) or another loss with its signature
@@ -120,7 +123,12 @@ def train(head, target_model, data: FeatureDataset, run_dir: Path, loss_cfg: Los
     tokens only (``SubsetLMHead``). A checkpoint holds head, optimiser, step, the feature
     shards and draft vocabulary it was started on, and the noise generator's state, so a
     resumed run continues with the very next batch.
-    Returns the final state summary (step, epoch, recent losses, seconds).
+    ``validator``: head -> held-out stats with ``acc1`` (e.g. ``validate`` on held-out shards),
+    run every ``cfg.validate_every`` steps. Each measurement joins ``state["validations"]``
+    (the run's own learning curve, kept in its checkpoint and summary); the best one's head
+    is kept in ``best-head.pt``, training stops once ``cfg.patience`` measurements in a row
+    bring no new best, and the head returned is the best one measured.
+    Returns the final state summary (step, epoch, recent losses, seconds, validations).
     """
     from tqdm import tqdm
 
@@ -161,14 +169,48 @@ def train(head, target_model, data: FeatureDataset, run_dir: Path, loss_cfg: Los
         _report(bar, state, epoch, recent, stats)
         out_of_time = (budget_s is not None and state["seconds"] > budget_s) \
             or (cfg.stop_at_step is not None and state["step"] >= cfg.stop_at_step)
-        if state["step"] % cfg.checkpoint_every == 0 or state["step"] == total_steps or out_of_time:
+        plateau = False
+        if validator is not None and cfg.validate_every and state["step"] % cfg.validate_every == 0:
+            plateau = _measure(run, state, validator)
+        if state["step"] % cfg.checkpoint_every == 0 or state["step"] == total_steps or out_of_time or plateau:
             save_checkpoint(run, state)
         if out_of_time:
             log(f"train: stopped at step {state['step']} of {total_steps} (time or step limit); rerun to resume")
             break
+        if plateau:
+            log(f"train: held-out acc1 has not improved in {cfg.patience} measurements; stopped at step {state['step']}")
+            break
     bar.close()
+    best = run.ckpt.with_name(BEST_HEAD)
+    if state.get("best") is not None and best.is_file():     # the head to ship is the best one measured
+        head.load_state_dict(torch.load(best, map_location=device, weights_only=True))
+        log(f"train: kept the head of step {state['best']['step']} (held-out acc1 {state['best']['acc1']:.3f})")
     head.eval()
     return state
+
+
+BEST_HEAD = "best-head.pt"
+
+
+def _measure(run: "_Run", state: dict, validator) -> bool:
+    """One held-out measurement: record it, keep the head if it is the best so far; True when
+    the last ``patience`` measurements brought no new best."""
+    run.head.eval()
+    stats = validator(run.head)
+    run.head.train()
+    point = {"step": state["step"], "seconds": round(state["seconds"], 1), **{k: round(v, 4) for k, v in stats.items()}}
+    state.setdefault("validations", []).append(point)
+    best = state.get("best")
+    if best is None or point["acc1"] > best["acc1"] + run.cfg.min_gain:
+        state["best"] = point
+        tmp = run.ckpt.with_name(BEST_HEAD + ".tmp")
+        torch.save({k: v.cpu() for k, v in run.head.state_dict().items()}, tmp)
+        tmp.rename(run.ckpt.with_name(BEST_HEAD))
+    log("train: held-out at step {step}: ".format(**point) + " ".join(
+        f"acc{d} {point[f'acc{d}']:.3f}" for d in range(1, 6) if f"acc{d}" in point)
+        + ("  (best)" if state["best"] is point else f"  (best {state['best']['acc1']:.3f} at step {state['best']['step']})"))
+    since = len(state["validations"]) - 1 - state["validations"].index(state["best"])
+    return bool(run.cfg.patience) and since >= run.cfg.patience
 
 
 @dataclass
