@@ -47,9 +47,9 @@ from app.engine.heads import DRAFT_VOCAB_FILE, load_head
 from app.engine.precision import bf16_is_native
 from app.train.data import log
 from app.train.draft_vocab import describe
-from app.train.stage import loss_vocabulary, training_inputs
+from app.train.stage import loss_vocabulary, train_config, training_inputs
 from app.train.loss import SubsetLMHead
-from app.train.trainer import FeatureDataset, TrainConfig, train
+from app.train.trainer import FeatureDataset, train
 
 # default unroll: the reference trains 7 steps; each step costs one more head forward and
 # LM-head matmul, so on a CPU we default to 3 (depth 3 covers most accepted length)
@@ -227,10 +227,7 @@ def run_training(args, work: Path, out: Path) -> dict:
         head = new_head(target, vocab_ids, data.layers)
     steps = args.ttt_steps if args.ttt_steps else TTT_STEPS
     loss_cfg = Eagle3LossConfig(ttt_steps=steps, bf16=not args.fp32_lm_head and bf16_is_native(args.device))
-    cfg = TrainConfig(epochs=args.epochs, batch_tokens=args.batch_tokens, lr=args.lr,
-                      weight_decay=args.weight_decay, warmup_steps=args.warmup_steps, clip=args.clip,
-                      seed=args.seed, checkpoint_every=args.checkpoint_every, max_minutes=args.train_minutes or None,
-                      validate_every=args.validate_every, patience=args.patience)
+    cfg = train_config(args)
     validator = None
     if holdout and args.validate_every:
         held_out = Eagle3Dataset(holdout)

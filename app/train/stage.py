@@ -54,10 +54,7 @@ def run_training(args, work: Path, out: Path) -> dict:
     head = DraftHead.load(args.init_from) if args.init_from else DraftHead(head_config_for(target.model.config))
     loss_cfg = LossConfig(w_reg=args.w_reg, w_kl=args.w_kl, noise=args.noise, ttt_steps=args.ttt_steps or 1,
                           lm_head_bf16=not args.fp32_lm_head and bf16_is_native(args.device), kl_fraction=args.kl_fraction)
-    cfg = TrainConfig(epochs=args.epochs, batch_tokens=args.batch_tokens, lr=args.lr,
-                      weight_decay=args.weight_decay, warmup_steps=args.warmup_steps, clip=args.clip,
-                      seed=args.seed, checkpoint_every=args.checkpoint_every, max_minutes=args.train_minutes or None,
-                      validate_every=args.validate_every, patience=args.patience)
+    cfg = train_config(args)
     vocab = loss_vocabulary(args, run_dir, paths, target)
     vocab_ids = None if vocab is None else torch.tensor(vocab["token_ids"], dtype=torch.long)
     validator = None
@@ -81,6 +78,14 @@ def run_training(args, work: Path, out: Path) -> dict:
          "loss_config": loss_cfg.__dict__, "train_config": cfg.__dict__}, indent=1))
     log(f"train: saved head to {out} after step {state['step']} ({state['seconds'] / 60:.1f} min)")
     return state
+
+
+def train_config(args) -> TrainConfig:
+    """The optimiser loop's settings from the command line (every head kind's)."""
+    return TrainConfig(epochs=args.epochs, batch_tokens=args.batch_tokens, lr=args.lr,
+                       weight_decay=args.weight_decay, warmup_steps=args.warmup_steps, clip=args.clip,
+                       seed=args.seed, checkpoint_every=args.checkpoint_every, max_minutes=args.train_minutes or None,
+                       validate_every=args.validate_every, patience=args.patience)
 
 
 def loss_vocabulary(args, run_dir: Path, paths: list[Path], target) -> dict | None:

@@ -388,11 +388,7 @@ static inline __attribute__((always_inline)) void scores_heads(
         const float *const *qa, const int na, const float *kg, int d, int keys, float scale,
         float *p, long ldp) {
     int j = 0;
-#if defined(__AVX512F__)
-    for (; j + 4 <= keys; j += 4) {                  /* 4 keys x na heads: 4 na accumulators */
-#else
-    for (; j + 4 <= keys; j += 4) {                  /* AVX2 (16 ymm): called with na = 1 */
-#endif
+    for (; j + 4 <= keys; j += 4) {   /* 4 keys x na heads: 4 na accumulators (AVX2, 16 ymm: na = 1) */
         const float *kj = kg + (long)j * d;
         v16 c[4][4];
         for (int a = 0; a < na; a++)
