@@ -191,6 +191,66 @@ def test_attention_row_is_the_same_whether_unseen_keys_are_absent_or_masked():
         assert torch.equal(kernels.attention(q[i:i + 1], k, v, seen, 0.125), alone)
 
 
+def test_a_rows_bits_do_not_depend_on_the_register_block_shape(tmp_path):
+    """The linear kernel's register block (GV weight vectors by MB rows) is a speed choice:
+    a build with another shape, packing its own weights, must give every row the same bits,
+    for row counts that fill, split and overflow either shape's blocks."""
+    import ctypes
+    import subprocess
+
+    kind = kernels.isa()
+    other_shape = ["-DGV=2", "-DMB=6"] if kind == "avx2" else ["-DGV=2", "-DMB=12"]   # the former shapes
+    out = tmp_path / "rowwise-other.so"
+    cmd = kernels.command(kind, kernels.compiler(), out)
+    subprocess.run(cmd[:1] + other_shape + cmd[1:], check=True, capture_output=True)
+    other, ours = kernels.declare(ctypes.CDLL(str(out)), kind), kernels.load()
+    assert (other.rowwise_group(), other.rowwise_block_rows()) != (ours.rowwise_group(), ours.rowwise_block_rows())
+    g = torch.Generator().manual_seed(3)
+    try:
+        for dtype in (torch.float32, torch.bfloat16):
+            for N, K in [(100, 64), (49, 33), (200, 96)]:
+                w = torch.randn(N, K, generator=g).to(dtype)
+                x = torch.randn(14, K, generator=g)
+                kernels._lib = other
+                theirs = [kernels.linear(x[:m], kernels.Packed(w)) for m in range(1, 15)]
+                kernels._lib = ours
+                packed = kernels.Packed(w)
+                for m in range(1, 15):
+                    assert torch.equal(kernels.linear(x[:m], packed), theirs[m - 1]), (dtype, N, K, m)
+    finally:
+        kernels._lib = ours
+
+
+def test_cost_curves_are_keyed_by_the_kernel_source(monkeypatch, tmp_path):
+    """A forward-cost curve measured with one version of the kernels must not steer the tree
+    choice of another: the fast forward's name (part of the autotune key) names the source."""
+    from app.engine.autotune import cost_cache_key
+
+    tiny = tiny_target(seed=4)
+
+    def key() -> dict:       # a fresh Target: the forward is built once per target
+        return cost_cache_key(Target(model=tiny.model, tokenizer=tiny.tokenizer, name="tiny",
+                                     device=tiny.device, dtype=torch.float32))
+
+    before = key()
+    assert before == key() and "rowwise" in before["forward"]
+    edited = tmp_path / "rowwise.c"
+    edited.write_bytes(kernels.SOURCE.read_bytes() + b"\n/* a change */\n")
+    monkeypatch.setattr(kernels, "SOURCE", edited)
+    after = key()
+    assert after["forward"] != before["forward"] and {**after, "forward": None} == {**before, "forward": None}
+
+
+def test_the_lm_head_batches_every_row_of_trees_within_one_register_block():
+    """Up to a block of rows the LM head reads its weight once, so verify computes every
+    row's logits in one call (``lm_head_all_rows_up_to``); beyond that only the rows
+    verification can visit. The threshold follows the build's block height."""
+    tiny = tiny_target(seed=4)
+    decoder = forward.decoder_forward(Target(model=tiny.model, tokenizer=tiny.tokenizer, name="tiny",
+                                             device=tiny.device, dtype=torch.float32))
+    assert decoder.lm_head_all_rows_up_to == kernels.block_rows() == kernels.load().rowwise_block_rows()
+
+
 @pytest.mark.parametrize("heads,kv_heads,d", [(9, 3, 64), (10, 2, 32), (8, 1, 48), (4, 4, 64)])
 def test_a_heads_attention_does_not_depend_on_the_heads_that_share_its_pass(heads, kv_heads, d):
     """Up to four query heads of one key/value head are scored and summed in one pass over

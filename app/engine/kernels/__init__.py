@@ -79,6 +79,11 @@ def command(kind: str, cc: str, out: Path) -> list[str]:
             str(SOURCE), "-o", str(out), "-lm"]
 
 
+def source_key() -> str:
+    """12 hex digits naming this version of ``rowwise.c``."""
+    return hashlib.sha1(SOURCE.read_bytes()).hexdigest()[:12]
+
+
 def library_path(kind: str) -> Path:
     """Where the build for ``kind`` of this exact source and these flags is kept."""
     key = hashlib.sha1(SOURCE.read_bytes() + " ".join(command(kind, "cc", Path("x"))).encode()).hexdigest()[:12]
@@ -142,6 +147,10 @@ def declare(lib, kind: str):
         ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p,
         ctypes.c_int]
     lib.rowwise_group.restype = lib.rowwise_bf16_pairs.restype = ctypes.c_int
+    try:
+        lib.rowwise_block_rows.restype = ctypes.c_int
+    except AttributeError:      # a build of an older source (--baseline): its fixed block height
+        lib.rowwise_block_rows = lambda: 12 if kind.startswith("avx512") else 6
     lib.rowwise_rmsnorm.restype = lib.rowwise_silu_mul.restype = None
     lib.rowwise_rmsnorm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
                                     ctypes.c_float, ctypes.c_void_p]
@@ -182,8 +191,15 @@ def reset() -> None:
 
 
 def group() -> int:
-    """Output columns per packed group (``rowwise.c``): 64 with AVX-512, 32 with AVX2."""
+    """Output columns per packed group (``rowwise.c``'s G): 48 with AVX-512, 24 with AVX2."""
     return (_lib or load()).rowwise_group()
+
+
+def block_rows() -> int:
+    """Rows of x in one register block (``rowwise.c``'s MB): 8 with AVX-512, 4 with AVX2. A
+    linear over at most this many rows reads its weight once; more rows read it again (from
+    the cache) per further block."""
+    return (_lib or load()).rowwise_block_rows()
 
 
 class Packed:

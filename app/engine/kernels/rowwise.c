@@ -140,11 +140,26 @@ static inline v16 v_exp(v16 x) {
  * one chain in ascending k for every element, whatever the block it falls in. A block is
  * MB rows of x against one group: MB x GV accumulators, GV weight vectors loaded once per
  * k and reused by every row from registers. */
+/* Block shape: GV weight vectors per group (G = VW * GV output columns) by MB rows of x.
+ * An FMA takes 4 cycles and two issue per cycle, so a block needs at least 8 independent
+ * accumulator chains to keep both FMA units busy. With GV = 3, four rows (an EAGLE chain or
+ * a small tree) already have 12 chains and eight rows on AVX-512 24, in one block, and a
+ * k-row of a group is 3 vectors that stream on. Against GV = 2 (MB 6 / 12) it is faster at
+ * 4 and 8 rows on both ISAs and no slower at one (scripts/linear_blocks.py sweeps shapes;
+ * numbers in benchmarks/fast-forward/linear-block-shape.md). The shape changes only which
+ * accumulators sit in registers together, never an element's chain, so the output bits do
+ * not depend on it. -DGV=.. -DMB=.. (both) override it, for the sweep. */
+#ifndef GV
+#define GV 3
+#if defined(__AVX512F__)
+#define MB 8                             /* 24 accumulators + 3 weights + 1 broadcast of 32 zmm */
+#else
+#define MB 4                             /* 12 accumulators + 3 weights + 1 broadcast of 16 ymm */
+#endif
+#endif
 #if defined(__AVX512F__)
 typedef v16 vn;                          /* the native vector is the 16-float one */
 #define VW 16
-#define GV 2                             /* vectors per group: G = 32 columns */
-#define MB 12                            /* 24 accumulators + 2 weights + 1 broadcast of 32 */
 #define n_zero v_zero
 #define n_load v_load
 #define n_load_bf16 v_load_bf16
@@ -154,8 +169,6 @@ typedef v16 vn;                          /* the native vector is the 16-float on
 #else
 typedef __m256 vn;                       /* 8 floats */
 #define VW 8
-#define GV 2                             /* G = 16 columns */
-#define MB 6                             /* 12 accumulators + 2 weights + 1 broadcast of 16 */
 static inline vn n_zero(void) { return _mm256_setzero_ps(); }
 static inline vn n_load(const float *p) { return _mm256_loadu_ps(p); }
 static inline vn n_load_bf16(const uint16_t *p) { return bf16x8(p); }
@@ -165,7 +178,7 @@ static inline void n_store(float *p, vn a) { _mm256_storeu_ps(p, a); }
 #endif
 #define G (VW * GV)
 
-/* AVX2 only: ask for the weights PREFETCH_ROWS k-rows ahead of the FMAs. With 2-6 rows per block
+/* AVX2 only: ask for the weights PREFETCH_ROWS k-rows ahead of the FMAs. With a few rows per block
  * the hardware prefetcher alone left the loads and the FMAs unoverlapped: T(4) cost 1.7-1.8x
  * T(1) under AVX2 emulation, 1.16-1.18x with this (interleaved across builds, 3 rounds,
  * benchmarks/fast-forward/prefetch-avx2.md). On AVX-512 the same hint made T(8) slower, so it
@@ -178,6 +191,7 @@ static inline void n_store(float *p, vn a) { _mm256_storeu_ps(p, a); }
 #define PREFETCH_ROWS 32
 
 int rowwise_group(void) { return G; }
+int rowwise_block_rows(void) { return MB; }
 
 /* One block: rows [0, mb) of x against one packed group (K x G). `mb` is a compile-time
  * constant at every call site (the switch below), so the loops unroll into registers. */
@@ -212,13 +226,28 @@ DEFINE_BLOCK(block_f32, float, n_load)
 DEFINE_BLOCK(block_bf16, uint16_t, n_load_bf16)
 
 #define CASE(BLOCK, R) case R: BLOCK(xb, ldx, wg, yb, ldy, K, ncols, R); break;
-#define CASES6(BLOCK) CASE(BLOCK, 1) CASE(BLOCK, 2) CASE(BLOCK, 3) CASE(BLOCK, 4) CASE(BLOCK, 5) CASE(BLOCK, 6)
-#if MB == 12
-#define ALL_CASES(BLOCK) CASES6(BLOCK) CASE(BLOCK, 7) CASE(BLOCK, 8) CASE(BLOCK, 9) CASE(BLOCK, 10) \
-                         CASE(BLOCK, 11) CASE(BLOCK, 12)
+/* one case per row count 1..MB, each a block unrolled for that many rows */
+#define UP_TO_MB(C) C(1) C(2) C(3) C(4) IF_MB_5(C(5) C(6)) IF_MB_7(C(7) C(8)) IF_MB_9(C(9) C(10) C(11) C(12))
+#if MB > 4
+#define IF_MB_5(x) x
 #else
-#define ALL_CASES(BLOCK) CASES6(BLOCK)
+#define IF_MB_5(x)
 #endif
+#if MB > 6
+#define IF_MB_7(x) x
+#else
+#define IF_MB_7(x)
+#endif
+#if MB > 8
+#define IF_MB_9(x) x
+#else
+#define IF_MB_9(x)
+#endif
+#if MB != 4 && MB != 6 && MB != 8 && MB != 12
+#error "MB must be 4, 6, 8 or 12 (the row-count cases come in those steps)"
+#endif
+#define CASE_block_f32(R) CASE(block_f32, R)
+#define CASE_block_bf16(R) CASE(block_bf16, R)
 
 /* Every row block of x against groups [g0, g1): a group stays in the L2 cache while the
  * row blocks pass over it, so a long input (a prefill) still reads the weights once. */
@@ -231,7 +260,7 @@ static void NAME(const float *x, long ldx, int M, const WT *w, int g0, int g1, i
         for (int m = 0; m < M; m += MB) {                                                     \
             const float *xb = x + (long)m * ldx;                                              \
             float *yb = y + (long)m * ldy + (long)g * G;                                      \
-            switch (M - m < MB ? M - m : MB) { ALL_CASES(BLOCK) }                             \
+            switch (M - m < MB ? M - m : MB) { UP_TO_MB(CASE_##BLOCK) }                      \
         }                                                                                     \
     }                                                                                         \
 }
@@ -288,10 +317,7 @@ static void groups_dp(const uint32_t *xp, int M, const uint16_t *w, int g0, int 
         for (int m = 0; m < M; m += MB) {
             const uint32_t *xb = xp + (long)m * Kp;
             float *yb = y + (long)m * ldy + (long)g * G;
-            switch (M - m < MB ? M - m : MB) {
-            CASE_DP(1) CASE_DP(2) CASE_DP(3) CASE_DP(4) CASE_DP(5) CASE_DP(6)
-            CASE_DP(7) CASE_DP(8) CASE_DP(9) CASE_DP(10) CASE_DP(11) CASE_DP(12)
-            }
+            switch (M - m < MB ? M - m : MB) { UP_TO_MB(CASE_DP) }
         }
     }
 }
