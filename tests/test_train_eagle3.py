@@ -74,6 +74,37 @@ def _fresh(target, data, seed=0):
     return new_head(target, torch.arange(3, 256), data.layers)
 
 
+def test_each_step_is_scored_against_the_targets_p_of_the_token_it_drafts(data):
+    """Step s at position j drafts x[j+2+s]: its soft target is p at row j+s (the target's
+    distribution after x[j+1+s]), for response positions whose row exists (the last one is
+    the target's distribution after the final token). The loss computes p on those rows
+    only; this spells the rule out position by position."""
+    from app.train.eagle3 import ttt_forward
+
+    target, ds = data
+    head = _fresh(target, ds, seed=1)
+    batch = ds.collate(list(range(len(ds))))
+    lm = SubsetLMHead(target.model.lm_head, head.draft_token_ids())
+    emb = target.model.get_input_embeddings()
+    steps = 3
+    with torch.no_grad():
+        _, stats = eagle3_loss(head, lm, emb, batch, Eagle3LossConfig(ttt_steps=steps))
+        tokens, f = batch["tokens"], batch["features"]
+        states = list(ttt_forward(head, emb(tokens[:, 1:]), batch["layer_features"][:, :-1], steps))
+        B, L = tokens.shape[0], tokens.shape[1] - 1
+        for s in range(steps):
+            ces, hits = [], []
+            for b in range(B):
+                for j in range(L):
+                    if j + 1 + s < int(batch["lengths"][b]) and j >= int(batch["prompt_lens"][b]) - 1:
+                        p = torch.softmax(lm(f[b, 1 + j + s]).float(), -1)           # p of x[j+2+s]
+                        logq = torch.log_softmax(head.logits(states[s][b, j]).float(), -1)
+                        ces.append(-(p * logq).sum())
+                        hits.append(float(logq.argmax() == p.argmax()))
+            assert stats[f"ce{s + 1}"] == pytest.approx(float(torch.stack(ces).mean()), rel=1e-4), s
+            assert stats[f"acc{s + 1}"] == pytest.approx(sum(hits) / len(hits), abs=1e-6), s
+
+
 def test_training_lowers_the_token_loss_at_every_depth(data, tmp_path):
     target, ds = data
     head = _fresh(target, ds)

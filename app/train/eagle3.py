@@ -133,8 +133,15 @@ def eagle3_loss(head, lm_head, embedding, batch: dict[str, torch.Tensor], cfg: E
     L = T - 1
     device = f.device
     j = torch.arange(L, device=device)[None]                              # (1, L) position j
+    # p only where some step reads it: the rows j that predict a response token x[j+2] (a
+    # step s at j reads row j+s, itself such a row). Prompt and padding rows, ~40% of a
+    # batch here, are neither multiplied by the LM head nor copied for each step.
+    read = (j + 1 < batch["lengths"][:, None]) & (j >= batch["prompt_lens"][:, None] - 1)   # (B, L)
+    slot = torch.full((B, L), -1, dtype=torch.long, device=device)        # row (b, j) -> its row in p
+    slot[read] = torch.arange(int(read.sum()), device=device)
     with torch.no_grad():
-        p_all = torch.softmax(lm_head(f[:, 1:]).float(), -1)              # (B, L, Vd) p_d of x[j+2]
+        p_read = torch.softmax(lm_head(f[:, 1:][read]).float(), -1)       # (R, Vd) p_d of x[j+2]
+        p_top = p_read.argmax(-1)                                         # (R,) the target's top token
     total = torch.zeros((), device=device)
     stats: dict[str, float] = {}
     # bf16 autocast where bf16 is native: the matmuls (decoder layer, fc, the Vd-row LM head)
@@ -152,12 +159,12 @@ def eagle3_loss(head, lm_head, embedding, batch: dict[str, torch.Tensor], cfg: E
             break
         with autocast:
             logits = head.logits(hidden[valid]).float()                    # (N, Vd) q_s of x[j+2+s]
-        p = _ahead(p_all, s)[valid]                                        # (N, Vd) p_d of x[j+2+s]
-        ce = F.cross_entropy(logits, p)                                    # soft targets: -Σ p log q
+        rows = _ahead(slot, s)[valid]                                      # (N,) row j+s of p
+        ce = F.cross_entropy(logits, p_read[rows])                         # soft targets: -Σ p log q
         total = total + cfg.ttt_decay ** s * ce
         with torch.no_grad():
             stats[f"ce{s + 1}"] = ce.item()
-            stats[f"acc{s + 1}"] = (logits.argmax(-1) == p.argmax(-1)).float().mean().item()
+            stats[f"acc{s + 1}"] = (logits.argmax(-1) == p_top[rows]).float().mean().item()
     stats["loss"] = total.item()
     return total, stats
 
