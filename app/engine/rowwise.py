@@ -54,11 +54,6 @@ class RowwiseLlamaDecoder(FusedLlamaDecoder):
     # run the stack as one C call when the cache is kv.PreallocatedLayer's (else, or False:
     # ``_forward_per_kernel``, one call per kernel; scripts/forward_kernels.py times both)
     one_call = True
-    # verify runs the LM head over every row of trees up to this size in one call: a call reads
-    # the (V, H) weight once for up to a register block of rows (``kernels.block_rows()``, set
-    # in __init__), so computing the leaves too costs less than a second call for the
-    # accepted leaf's bonus token
-    lm_head_all_rows_up_to = 8
 
     @torch.no_grad()
     def __init__(self, model: nn.Module):
@@ -66,6 +61,9 @@ class RowwiseLlamaDecoder(FusedLlamaDecoder):
         # cost curves are per ISA (AVX2 emulation too) and per kernel source: a faster build
         # must not be judged by the curve its predecessor measured
         self.name = f"{type(self).name}-{kernels.load().kind}-{kernels.source_key()}"
+        # verify runs the LM head over every row of trees up to this size in one call: a call
+        # reads the (V, H) weight once for up to a register block of rows, so computing the
+        # leaves too costs less than a second call for the accepted leaf's bonus token
         self.lm_head_all_rows_up_to = kernels.block_rows()
         self.dtype = next(model.parameters()).dtype
         for w in self.layers:
