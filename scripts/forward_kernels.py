@@ -4,6 +4,7 @@ prefix) for each way the engine can run it, interleaved, beside the memory-bandw
     python scripts/forward_kernels.py --dtype float32 --out benchmarks/fast-forward/native-float32.md
     ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \\
         python scripts/forward_kernels.py --dtype float32 --out benchmarks/fast-forward/avx2-float32.md
+    ONEDNN_MAX_CPU_ISA=AVX512_CORE python scripts/forward_kernels.py ...   # AVX-512 without native bf16
 
 Forwards compared (all on the embedded SmolLM2-135M-Instruct, one torch thread unless
 --threads): ``transformers`` (its eager forward), ``fused`` (the engine's eager forward,
@@ -198,7 +199,8 @@ def main() -> int:
     lines = [f"# T(n) of the target forward, {args.dtype}, {args.threads} thread(s)", "",
              f"`{' '.join(['python'] + sys.argv)}`", "",
              f"- CPU: {platform.processor() or platform.machine()}, flags {' '.join(isa)}; "
-             f"ATEN_CPU_CAPABILITY={os.environ.get('ATEN_CPU_CAPABILITY', '(unset)')}; fast kernels built for "
+             f"ATEN_CPU_CAPABILITY={os.environ.get('ATEN_CPU_CAPABILITY', '(unset)')}, "
+             f"ONEDNN_MAX_CPU_ISA={os.environ.get('ONEDNN_MAX_CPU_ISA', '(unset)')}; fast kernels built for "
              f"{kernels.load().kind if kernels.load() else 'none'}",
              f"- load average {load0:.2f} at start, {load1:.2f} at end; {args.prefix} cached positions; "
              f"{args.repeats} repeats, sizes and forwards interleaved; the bound's bandwidth is the best of 15 copies",

@@ -55,3 +55,31 @@ def test_auto_picks_bfloat16_weights_wherever_the_fast_kernels_run_and_float32_o
     assert precision.auto_cpu_dtype("tiny", target.model, forward="auto") == torch.bfloat16
     assert precision.auto_cpu_dtype("tiny", target.model, forward="eager") == torch.float32
     assert not (tmp_path / "never-written.json").exists()
+
+
+@pytest.mark.parametrize("env,cls", [
+    ({}, None),
+    ({"ATEN_CPU_CAPABILITY": "avx2"}, "avx2"),
+    ({"ATEN_CPU_CAPABILITY": "default"}, "none"),
+    ({"ONEDNN_MAX_CPU_ISA": "AVX2"}, "avx2"),
+    ({"ONEDNN_MAX_CPU_ISA": "avx512_core"}, "avx512"),
+    ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI"}, "avx512"),
+    ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}, None),       # a cap at bf16 or above takes nothing away
+])
+def test_the_emulation_switches_name_a_cpu_class_that_kernels_and_precision_both_follow(env, cls, monkeypatch):
+    """One environment emulates a smaller CPU for torch, oneDNN, our kernels' ISA and the
+    bfloat16 choice alike: AVX2-only, or AVX-512 without native bfloat16 (a Skylake /
+    Cascade Lake Xeon, common on hosted CPUs)."""
+    from app.engine import kernels
+    from app.engine.device import cpu_class_cap
+
+    for name in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    flags = {"avx2", "fma", "avx512f", "avx512_bf16"}
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(precision.Path, "read_text", lambda self: "flags : " + " ".join(sorted(flags)) + " \n")
+    assert cpu_class_cap() == cls
+    assert kernels.isa() == {None: "avx512bf16", "avx512": "avx512", "avx2": "avx2", "none": None}[cls]
+    assert precision.cpu_has_native_bf16() == (cls is None)

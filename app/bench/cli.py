@@ -29,6 +29,7 @@ from app.args import add_model_arguments, add_tree_arguments, thread_governor, t
 from app.bench.prompts import load_suite, parse_suites
 from app.bench.runners import ALL_METHODS, compiled_peer, parse_methods, run_one
 from app.engine.config import SamplingConfig, check_max_new_tokens
+from app.engine.device import cpu_class_cap
 from app.engine.spec import KNOB
 from app.engine.threads import REUSE_S, engine_probe
 
@@ -79,7 +80,13 @@ def _machine() -> str:
                 break
     except OSError:
         pass
-    return f"{cpu}, {os.cpu_count()} logical CPUs, {platform.system()}"
+    line = f"{cpu}, {os.cpu_count()} logical CPUs, {platform.system()}"
+    cap = cpu_class_cap()
+    if cap is not None:   # an emulated smaller CPU: the tables must say so
+        env = " ".join(f"{k}={os.environ[k]}" for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA",
+                                                          "MKL_ENABLE_INSTRUCTIONS") if os.environ.get(k))
+        line += f", emulating a CPU of class {cap} ({env})"
+    return line
 
 
 def _load() -> str:

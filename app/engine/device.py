@@ -17,6 +17,29 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "eagle-lens"
 
 
+# oneDNN's ISA caps (ONEDNN_MAX_CPU_ISA) below AVX512_CORE_BF16, by the CPU class they stand for
+_ONEDNN_CAPS = {"SSE41": "avx2", "AVX": "avx2", "AVX2": "avx2", "AVX2_VNNI": "avx2",
+                "AVX512_CORE": "avx512", "AVX512_CORE_VNNI": "avx512"}
+
+
+def cpu_class_cap() -> str | None:
+    """The CPU class this process is told to act as, below what the CPU has (None: no cap):
+
+    * "none": no vector kernels (``ATEN_CPU_CAPABILITY=default``);
+    * "avx2": an AVX2-only CPU (``ATEN_CPU_CAPABILITY=avx2``, or oneDNN capped at AVX2 or below);
+    * "avx512": AVX-512 without native bfloat16, a Skylake / Cascade Lake Xeon
+      (``ONEDNN_MAX_CPU_ISA=AVX512_CORE`` or ``AVX512_CORE_VNNI``).
+
+    These are the switches that make torch and oneDNN emulate the smaller CPU, so the
+    kernels' ISA (``kernels.isa``) and "is bfloat16 native" (``precision``) follow them too."""
+    aten = os.environ.get("ATEN_CPU_CAPABILITY", "").lower()
+    if aten == "default":
+        return "none"
+    if aten == "avx2":
+        return "avx2"
+    return _ONEDNN_CAPS.get(os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper())
+
+
 def choose_device(device: str | None = None) -> torch.device:
     """"auto" (a CUDA GPU when there is one, else the CPU), "cpu" or "cuda[:N]"; ValueError
     naming ``device`` otherwise."""

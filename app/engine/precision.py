@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from app.engine import kv
-from app.engine.device import cache_dir, choose_device
+from app.engine.device import cache_dir, choose_device, cpu_class_cap
 
 # bf16 must beat float32 by this factor (median over interleaved repeats) to be chosen:
 # a near tie is not worth giving up exact greedy output.
@@ -33,10 +33,9 @@ MIN_GAIN = 1.15
 
 def cpu_has_native_bf16() -> bool:
     """AVX512-BF16 or AMX-BF16 in the CPU flags (Linux); False where they cannot be read, and
-    under ``ATEN_CPU_CAPABILITY=avx2`` (or ``default``), which emulates an AVX2-only CPU."""
-    import os
-
-    if os.environ.get("ATEN_CPU_CAPABILITY", "").lower() in ("avx2", "default"):
+    where the environment emulates a CPU without them (``device.cpu_class_cap``: e.g.
+    ``ATEN_CPU_CAPABILITY=avx2``, ``ONEDNN_MAX_CPU_ISA=AVX512_CORE``)."""
+    if cpu_class_cap() is not None:
         return False
     try:
         flags = Path("/proc/cpuinfo").read_text()

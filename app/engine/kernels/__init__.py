@@ -8,7 +8,9 @@ every later start.
 
 ISA: AVX-512 where the CPU has it, else AVX2 + FMA. ``ATEN_CPU_CAPABILITY=avx2`` (the
 switch that makes torch treat an AVX-512 CPU as AVX2-only) makes these kernels do the same,
-so one environment emulates an AVX2 machine for the whole forward.
+so one environment emulates an AVX2 machine for the whole forward; likewise
+``ONEDNN_MAX_CPU_ISA=AVX512_CORE`` an AVX-512 CPU without native bfloat16
+(``device.cpu_class_cap``).
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from app.engine.device import cache_dir
+from app.engine.device import cache_dir, cpu_class_cap
 
 SOURCE = Path(__file__).with_name("rowwise.c")
 FLAGS = {"avx512bf16": ["-mavx512f", "-mavx512bf16", "-mavx2", "-mfma"],
@@ -59,11 +61,11 @@ def isa() -> str | None:
     flags = cpu_flags()
     if not {"avx2", "fma"} <= flags:
         return None
-    wanted = os.environ.get("ATEN_CPU_CAPABILITY", "").lower()
-    if wanted == "default":
+    cap = cpu_class_cap()
+    if cap == "none":
         return None
-    if "avx512f" in flags and wanted not in ("avx2",):
-        return "avx512bf16" if "avx512_bf16" in flags else "avx512"
+    if "avx512f" in flags and cap != "avx2":
+        return "avx512bf16" if "avx512_bf16" in flags and cap is None else "avx512"
     return "avx2"
 
 
