@@ -70,16 +70,14 @@ def test_the_emulation_switches_name_a_cpu_class_that_kernels_and_precision_both
     """One environment emulates a smaller CPU for torch, oneDNN, our kernels' ISA and the
     bfloat16 choice alike: AVX2-only, or AVX-512 without native bfloat16 (a Skylake /
     Cascade Lake Xeon, common on hosted CPUs)."""
-    from app.engine import kernels
+    from app.engine import device, kernels
     from app.engine.device import cpu_class_cap
 
     for name in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    flags = {"avx2", "fma", "avx512f", "avx512_bf16"}
-    monkeypatch.setattr(kernels, "cpu_flags", lambda: flags)
-    monkeypatch.setattr(precision.Path, "read_text", lambda self: "flags : " + " ".join(sorted(flags)) + " \n")
+    monkeypatch.setattr(device, "cpu_flags", lambda: {"avx2", "fma", "avx512f", "avx512_bf16"})
     assert cpu_class_cap() == cls
     assert kernels.isa() == {None: "avx512bf16", "avx512": "avx512", "avx2": "avx2", "none": None}[cls]
     assert precision.cpu_has_native_bf16() == (cls is None)

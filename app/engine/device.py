@@ -17,6 +17,17 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "eagle-lens"
 
 
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (Linux); empty where they cannot be read."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
 # oneDNN's ISA caps (ONEDNN_MAX_CPU_ISA) below AVX512_CORE_BF16, by the CPU class they stand for
 _ONEDNN_CAPS = {"SSE41": "avx2", "AVX": "avx2", "AVX2": "avx2", "AVX2_VNNI": "avx2",
                 "AVX512_CORE": "avx512", "AVX512_CORE_VNNI": "avx512"}

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from app.engine import kv
+from app.engine import device, kv
 from app.engine.device import cache_dir, choose_device, cpu_class_cap
 
 # bf16 must beat float32 by this factor (median over interleaved repeats) to be chosen:
@@ -37,11 +37,7 @@ def cpu_has_native_bf16() -> bool:
     ``ATEN_CPU_CAPABILITY=avx2``, ``ONEDNN_MAX_CPU_ISA=AVX512_CORE``)."""
     if cpu_class_cap() is not None:
         return False
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return " avx512_bf16" in flags or " amx_bf16" in flags
+    return bool({"avx512_bf16", "amx_bf16"} & device.cpu_flags())
 
 
 def bf16_is_native(device: str | torch.device | None = "cpu") -> bool:

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import torch
 
-from app.engine.device import cache_dir, cpu_class_cap
+from app.engine import device
+from app.engine.device import cache_dir, cpu_class_cap, cpu_flags  # noqa: F401  (cpu_flags: for scripts)
 
 SOURCE = Path(__file__).with_name("rowwise.c")
 FLAGS = {"avx512bf16": ["-mavx512f", "-mavx512bf16", "-mavx2", "-mfma"],
@@ -45,20 +46,10 @@ class Layer(ctypes.Structure):
                 ("keys", ctypes.c_void_p), ("values", ctypes.c_void_p), ("kv_head", ctypes.c_long)]
 
 
-def cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
 def isa() -> str | None:
     """The vector ISA to build for: avx512bf16 (AVX-512 with native bfloat16 dot products),
     avx512, avx2, or None (no kernels on this CPU)."""
-    flags = cpu_flags()
+    flags = device.cpu_flags()
     if not {"avx2", "fma"} <= flags:
         return None
     cap = cpu_class_cap()
