@@ -22,6 +22,8 @@ def add_tree_arguments(p: argparse.ArgumentParser) -> None:
     KNOB["min_confidence"].add_argument(p, help="drop nodes below this confidence")
     for name in ("ngram", "window", "pool"):      # the drafters' knobs: help is the Setting's label
         KNOB[name].add_argument(p)
+    KNOB["lookup"].add_argument(p, default=None, help=KNOB["lookup"].label.replace("(0 = off)", "(default: 0; "
+                                "the auto tree: 3; 0 = off)"))
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
@@ -51,7 +53,8 @@ def tree_config_from(args, method: str | None = None) -> TreeConfig:
                       top_k=pick(args.top_k, _TREE.top_k), total_tokens=pick(args.total_tokens, _TREE.total_tokens),
                       tau_high=args.tau_high, tau_low=args.tau_low, min_confidence=args.min_confidence,
                       ngram=getattr(args, "ngram", _TREE.ngram), window=getattr(args, "window", _TREE.window),
-                      pool=getattr(args, "pool", _TREE.pool))
+                      pool=getattr(args, "pool", _TREE.pool),
+                      lookup=_TREE.lookup if getattr(args, "lookup", None) is None else args.lookup)
 
 
 def wants_auto_tree(args) -> bool:

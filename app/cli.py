@@ -28,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jsonl", action="store_true", help="print each step record and the summary as JSON lines")
 
 
-def auto_tree(engine, base: TreeConfig, say):
+def auto_tree(engine, base: TreeConfig, say, lookup: int | None = None):
     """The "auto" tree: adapted while decoding, from the kept profile of this machine. On the
     fast forward a first run measures that profile (the forward's cost curve and the head's
     acceptance: under a minute, said line by line, then kept), because there the right tree
@@ -42,13 +42,16 @@ def auto_tree(engine, base: TreeConfig, say):
     measure = isinstance(engine.decoder, RowwiseLlamaDecoder) and kept_cost_curve(engine.target) is None
     if measure:
         say("no kept profile of this machine for the fast forward yet: measuring it once (under a minute)")
-    start, adapter, choice = adapter_for(engine, base, measure=measure, progress=say)
+    start, adapter, choice = adapter_for(engine, base, measure=measure, progress=say, lookup=lookup)
     trees = ", ".join(adapter._key(t) for t in adapter.candidates)
+    trees += " (total/depth/top_k)"
+    if start.lookup:
+        trees += f", each with a prompt-lookup branch of up to {start.lookup} tokens (--lookup 0: none)"
     if choice is None:
-        say(f"adaptive tree over {trees} (total/depth/top_k), starting at {TreeShape(start.total_tokens, start.depth, 1)}; "
+        say(f"adaptive tree over {trees}, starting at {TreeShape(start.total_tokens, start.depth, 1)}; "
             "no kept profile of this machine yet: `python -m app tune` measures it once")
     else:
-        say(f"adaptive tree over {trees} (total/depth/top_k), starting at the tuned "
+        say(f"adaptive tree over {trees}, starting at the tuned "
             f"{TreeShape.of(start)}; {choice.summary()}")
         say(f"kept forward cost T(n): {cost_curve_text(choice.cost_curve.sizes, choice.cost_curve.ms)}")
     return start, adapter
@@ -78,7 +81,7 @@ def main(args) -> int:
         say(f"threads: {governor.text()}")
         adapter = None
         if wants_auto_tree(args):
-            tree, adapter = auto_tree(engine, tree, say)
+            tree, adapter = auto_tree(engine, tree, say, lookup=args.lookup)
         events = engine.generate(args.prompt, tree=tree, sampling=sampling,
                                  max_new_tokens=args.max_new_tokens, raw=args.raw, adapt=adapter)
     except (ValueError, FileNotFoundError, KeyError, OSError) as exc:

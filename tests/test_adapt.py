@@ -87,8 +87,8 @@ def test_every_candidate_is_tried_and_the_prefill_is_ignored():
     adapter.observe(StepEvent(step=0, method="dynamic", tree=None, accepted=[], bonus=1, new_tokens=[1], text="",
                               prefill=True, step_ms=500.0))
     assert adapter.steps == 0 and all(a.ms is None for a in adapter.arms)
-    used = simulate(adapter, 5, lambda t, i: 10.0, always(0), start=chain(2))
-    assert sorted(used) == ["1/1/1", "2/2/1", "3/3/1", "4/4/1", "vanilla"] and used[0] == "2/2/1"
+    used = simulate(adapter, 7, lambda t, i: 10.0, always(0), start=chain(2))
+    assert sorted(used) == ["1/1/1", "2/2/1", "3/2/2", "3/3/1", "4/2/2", "4/4/1", "vanilla"] and used[0] == "2/2/1"
     with pytest.raises(ValueError, match="candidates"):
         TreeAdapter([])
 

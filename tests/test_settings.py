@@ -64,8 +64,9 @@ def test_defaults_live_in_the_specification():
     assert SamplingConfig() == SamplingConfig(**{s.name: s.default for s in SETTINGS if s.owner == "sampling"})
     assert set(SETTING["method"].choices) == set(METHODS)
     assert traces.SETTING_KEYS == SETTING_NAMES
-    # the page's tree knobs, and the drafters' own (prompt lookup / lookahead; q's meaning)
-    assert traces.TREE_CONFIG_KEYS == {"method", *TREE_KNOBS, "ngram", "window", "pool", "q"}
+    # the page's tree knobs, the drafters' own (prompt lookup / lookahead; q's meaning) and
+    # the prompt-lookup branch beside the head
+    assert traces.TREE_CONFIG_KEYS == {"method", *TREE_KNOBS, "ngram", "window", "pool", "lookup", "q"}
 
 
 @pytest.mark.parametrize("name, value", [

@@ -45,7 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"comma-separated, from {', '.join(ALL_METHODS)}; a tree method may carry its tree as "
                         "name:TOTAL/DEPTH/TOP_K (e.g. dynamic:60/5/10) or dynamic:auto (hardware-aware size), and an "
                         "EAGLE method another head as @HEAD (a folder, or eagle2 / eagle3 for the shipped ones, e.g. "
-                        "dynamic:auto@eagle3); "
+                        "dynamic:auto@eagle3), and +lookupN a prompt-lookup branch of N tokens beside the head "
+                        "(e.g. dynamic:4/2/2+lookup3; dynamic:adaptive has one of 3 unless +lookup0); "
                         "default: all plain methods")
     p.add_argument("--max-new-tokens", type=int, default=None, help="per answer (default 256)")
     KNOB["temperature"].add_argument(p, help="0 = greedy (the only setting where outputs are compared)")
@@ -99,7 +100,7 @@ def _load() -> str:
 def _command(args) -> str:
     parts = ["python -m app bench", f"--suite {args.suite}", f"--limit {args.limit}", f"--methods {args.methods}",
              f"--max-new-tokens {args.max_new_tokens}", f"--temperature {args.temperature}"]
-    for flag in ("depth", "top_k", "total_tokens"):
+    for flag in ("depth", "top_k", "total_tokens", "lookup"):
         if getattr(args, flag, None) is not None:
             parts.append(f"--{flag.replace('_', '-')} {getattr(args, flag)}")
     for flag in ("base_model", "draft_model"):
@@ -179,7 +180,8 @@ def run_benchmark(engines, args, suites, specs, sampling) -> int:
     auto_text, auto_report = None, None
     for i, spec in enumerate(specs):
         if spec.adaptive:
-            start, adapter, choice = adapter_for(engines[spec.head], spec.tree, measure=True)
+            lookup = spec.lookup if spec.lookup is not None else args.lookup
+            start, adapter, choice = adapter_for(engines[spec.head], spec.tree, measure=True, lookup=lookup)
             specs[i] = replace(spec, tree=start, candidates=tuple(adapter.candidates), prior_tau=adapter.prior_tau)
             print(f"[bench] {spec.label}: adapts over "
                   + ", ".join(adapter._key(t) for t in adapter.candidates), file=sys.stderr)

@@ -48,6 +48,8 @@ class MethodSpec:
     tree: TreeConfig | None = None    # None for hf methods
     auto: bool = False
     adaptive: bool = False            # dynamic:adaptive: the tree adapts while decoding (app.engine.adapt)
+    lookup: int | None = None         # +lookupN: a prompt-lookup branch of N tokens (None: --lookup, else
+                                      # none for a fixed tree and AUTO_LOOKUP for the adaptive one)
     candidates: tuple = ()            # ... between these trees
     prior_tau: dict | None = None
     head: str | None = None           # "@HEAD" of the label: another EAGLE head (folder or shipped name)
@@ -71,7 +73,11 @@ def parse_methods(spec: str, base: TreeConfig) -> list[MethodSpec]:
     out: list[MethodSpec] = []
     for label in [s.strip() for s in spec.split(",") if s.strip()]:
         body, at, head = label.partition("@")
+        body, plus, lookup = body.partition("+lookup")
         name, _, variant = body.partition(":")
+        if plus and (not lookup.isdigit() or name not in HEAD_METHODS):
+            raise ValueError(f"only the EAGLE head's methods take +lookupN (a prompt-lookup branch of up to N "
+                             f"tokens, e.g. dynamic:4/2/2+lookup3), got {label!r}")
         if at and (not head or name not in HEAD_METHODS):
             raise ValueError(f"only the EAGLE head's methods take @HEAD (a head folder or a shipped head's name), "
                              f"got {label!r}")
@@ -83,7 +89,10 @@ def parse_methods(spec: str, base: TreeConfig) -> list[MethodSpec]:
                 raise ValueError(f"method {name} takes no tree variant, got {label!r}")
             out.append(MethodSpec(label, name))
             continue
-        tree, auto = TreeConfig(**{**base.__dict__, "method": name}), False
+        knobs = {**base.__dict__, "method": name}
+        if plus:
+            knobs["lookup"] = int(lookup)
+        tree, auto = TreeConfig(**knobs), False
         adaptive = False
         if variant in ("auto", "adaptive"):
             if name != "dynamic":
@@ -95,7 +104,8 @@ def parse_methods(spec: str, base: TreeConfig) -> list[MethodSpec]:
             except ValueError:
                 raise ValueError(f"a method variant is TOTAL/DEPTH/TOP_K (e.g. dynamic:60/5/10), got {label!r}") from None
             tree = shape.config(name, base=tree)
-        out.append(MethodSpec(label, name, tree, auto, adaptive, head=head or None))
+        out.append(MethodSpec(label, name, tree, auto, adaptive, head=head or None,
+                              lookup=int(lookup) if plus else None))
     if not out:
         raise ValueError("methods must name at least one method")
     if len({m.label for m in out}) != len(out):

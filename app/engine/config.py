@@ -57,6 +57,9 @@ class TreeConfig:
                      lookahead: N, the size of the n-grams collected (N - 1 tokens proposed)
     window:          lookahead: W, Jacobi guesses carried from step to step
     pool:            lookahead: n-grams kept per first token (the oldest are dropped)
+    lookup:          head methods: also verify, as one more branch, up to this many tokens that
+                     followed the context's last n-gram (n >= 2) where it occurred before
+                     (prompt lookup beside the head: ``drafters.pld.NgramIndex``); 0 = off
     pld and lookahead put top_k candidate continuations in the tree (lookahead: top_k
     n-grams from the pool beside its window), at most total_tokens nodes in all.
     """
@@ -72,6 +75,7 @@ class TreeConfig:
     ngram: int = _default("ngram")
     window: int = _default("window")
     pool: int = _default("pool")
+    lookup: int = _default("lookup")
 
     def __post_init__(self) -> None:
         KNOB["method"].check(self.method)
@@ -105,6 +109,8 @@ class TreeConfig:
             out.update(tau_high=self.tau_high, tau_low=self.tau_low)
         if self.min_confidence > 0:
             out["min_confidence"] = self.min_confidence
+        if self.lookup and self.uses_head:
+            out["lookup"] = self.lookup
         drafter = DRAFTER.get(self.method)
         if drafter is not None:
             out.update({knob: getattr(self, knob) for knob in drafter.knobs})
@@ -131,7 +137,14 @@ class TreeConfig:
         drafter = DRAFTER.get(self.method)
         if drafter is not None and drafter.max_path is not None:
             return drafter.max_path(self)
-        return self.depth
+        return max(self.depth, self.lookup) if self.uses_head else self.depth
+
+    @property
+    def max_nodes(self) -> int:
+        """The most draft nodes one step can verify: total_tokens, plus a prompt-lookup branch."""
+        if not self.uses_draft:
+            return 0
+        return min(MAX_TOTAL_TOKENS, self.total_tokens + (self.lookup if self.uses_head else 0))
 
     @property
     def one_wide(self) -> bool:

@@ -45,6 +45,7 @@ from app.engine import drafters, forward, kernels, kv, verify
 from app.engine.config import (GenerationLimits, SamplingConfig, TreeConfig, check_max_new_tokens,
                                check_prompt)
 from app.engine.events import DraftTreeRecord, RunSummary, StepEvent, summarize
+from app.engine.drafters.pld import NgramIndex
 from app.engine.head_draft import HeadDrafting, read_pending
 from app.engine.loading import Target
 from app.engine.rowwise import RowwiseDraftHead, RowwiseLlamaDecoder
@@ -205,7 +206,7 @@ class Engine:
         generator = torch.Generator(device=device).manual_seed(sampling.seed)
         # KV buffers sized for the prompt, the answer and one tree (they grow if ever short):
         # a step writes its keys/values in place instead of re-concatenating the cache
-        capacity = len(prompt_ids) + max_new_tokens + (largest.total_tokens + 1 if largest.uses_draft else 1)
+        capacity = len(prompt_ids) + max_new_tokens + largest.max_nodes + 1
         target_cache = kv.preallocated_cache(self.target.model, capacity)
         ids = torch.tensor([prompt_ids], device=device)                                      # (1, m)
         if self.target_layers:             # EAGLE-3 reads the low/mid/high layers: (1, m, 3H)
@@ -268,8 +269,27 @@ class Engine:
         drafting = HeadDrafting(self, run, cfg, sampling, root_feature, prefix)
         tree = grow_tree(cfg, drafting.propose)
         kv.crop(run.draft_cache, prefix)          # drop the in-step entries: only committed pairs stay
-        q = torch.stack(drafting.chain_q[: len(tree)]) if drafting.sampled_chain and len(tree) else None
-        return tree, q
+        if drafting.sampled_chain:
+            q = torch.stack(drafting.chain_q[: len(tree)]) if len(tree) else None
+            return tree, q
+        if cfg.lookup:
+            self._add_lookup_branch(run, tree, cfg)
+        return tree, None
+
+    @staticmethod
+    def _add_lookup_branch(run: _Run, tree: DraftTree, cfg: TreeConfig) -> None:
+        """Prompt lookup beside the head (``TreeConfig.lookup``): hang what followed the
+        context's last 3 (else 2) tokens where they last occurred as one more branch, so a
+        summary, a quotation or code that repeats its own names is verified many tokens at
+        a time even where the head is unsure. The head's nodes are untouched; the branch
+        follows them as far as they agree and adds its own nodes after. Not for a sampled
+        chain, whose rule needs every node drawn from q: every other tree's candidates are
+        fixed, and the rules that verify them are exact for any fixed candidates."""
+        if run.lookup is None:
+            run.lookup = NgramIndex((3, 2))
+        branch = run.lookup.lookup(run.tokens, cfg.lookup)
+        if branch:
+            tree.merge_branch(branch, "pld", cfg.max_nodes)
 
     def _draft_logits(self, feats: torch.Tensor) -> torch.Tensor:
         """(F, H) predicted features -> (F, V) logits, or (F, Vd) over the draft vocabulary
@@ -392,4 +412,5 @@ class Engine:
         texts = self.target.tokenizer.batch_decode([[t] for t in tree.tokens]) if len(tree) else []
         return DraftTreeRecord(root_token=verified.root, tokens=list(tree.tokens), texts=texts,
                                parents=list(tree.parents), depths=list(tree.depths), q=list(tree.q),
-                               confidence=list(tree.confidence), p=p_nodes, status=status)
+                               confidence=list(tree.confidence), p=p_nodes, status=status,
+                               source=list(tree.sources) if any(tree.sources) else None)

@@ -33,6 +33,9 @@ class DraftTreeRecord:
     confidence: list[float]         # product of q along the root-to-node path (EAGLE-2's score)
     p: list[float] | None           # target probability of node i's token given its parent
     status: list[str]               # "accepted" | "rejected" | "unreached"
+    source: list[str | None] | None = None   # who proposed node i where not the step's drafter:
+                                    # "pld" for a prompt-lookup branch (TreeConfig.lookup), None
+                                    # for the drafter's own nodes; None when all are its own
 
     def __len__(self) -> int:
         return len(self.tokens)

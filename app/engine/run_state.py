@@ -32,6 +32,7 @@ class _Run:
     generator: torch.Generator
     text: str = ""                     # decoded generated text so far (so each step decodes once)
     drafter: object | None = None      # pld / lookahead / medusa: their per-run state (app/engine/drafters)
+    lookup: object | None = None       # the n-gram index of ``tokens`` for TreeConfig.lookup (drafters.pld.NgramIndex)
 
 
 @dataclass

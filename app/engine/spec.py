@@ -258,7 +258,8 @@ def _drafters_reading(knob: str) -> tuple[str, ...]:
     return tuple(d.method for d in DRAFTERS if knob in d.knobs)
 
 
-# The engine's knobs that the page does not offer.
+# The engine's knobs that the page does not offer (``lookup``: the CLI's and the page's adaptive
+# "auto" tree turns it on, ``app.engine.adapt.AUTO_LOOKUP``).
 TOP_K_SAMPLING = Setting("top_k_sampling", "int", 0, 0, MAX_TOP_K_SAMPLING, owner="sampling",
                          label="top_k_sampling (0 = no top-k truncation of the target's distribution)")
 ENGINE_SETTINGS: tuple[Setting, ...] = (
@@ -269,6 +270,10 @@ ENGINE_SETTINGS: tuple[Setting, ...] = (
             label="lookahead: Jacobi guesses W"),
     Setting("pool", "int", 8, 1, MAX_POOL, methods=_drafters_reading("pool"), owner="tree",
             label="lookahead: n-grams kept per first token"),
+    Setting("lookup", "int", 0, 0, MAX_DEPTH, methods=HEAD_METHODS, owner="tree",
+            label="EAGLE + prompt lookup: also verify what followed the context's last n-gram "
+                  "(n >= 2) where it occurred before, up to this many tokens, as one more branch "
+                  "of the head's tree (0 = off)"),
 )
 # How the page runs a request (its switches beside the settings; not part of the request).
 PAGE_FLAGS: tuple[Setting, ...] = (

@@ -44,11 +44,13 @@ class DraftTree:
     q: list[float] = field(default_factory=list)
     confidence: list[float] = field(default_factory=list)
     ranks: list[int] = field(default_factory=list)   # rank of the node among its parent's proposals
+    sources: list[str | None] = field(default_factory=list)   # who proposed it: None = the step's drafter,
+                                                              # "pld" = a prompt-lookup branch (merge_branch)
 
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def add(self, parent: int, token: int, q: float, rank: int) -> int:
+    def add(self, parent: int, token: int, q: float, rank: int, source: str | None = None) -> int:
         parent_conf = 1.0 if parent == ROOT else self.confidence[parent]
         parent_depth = 0 if parent == ROOT else self.depths[parent]
         self.tokens.append(int(token))
@@ -57,6 +59,7 @@ class DraftTree:
         self.q.append(float(q))
         self.confidence.append(parent_conf * float(q))
         self.ranks.append(int(rank))
+        self.sources.append(source)
         return len(self.tokens) - 1
 
     def path(self, node: int) -> tuple[int, ...]:
@@ -98,6 +101,25 @@ class DraftTree:
             out.q.append(self.q[old])
             out.confidence.append(self.confidence[old])
             out.ranks.append(self.ranks[old])
+            out.sources.append(self.sources[old])
+        return out
+
+    def merge_branch(self, tokens: Sequence[int], source: str, max_nodes: int) -> list[int]:
+        """Hang the continuation ``tokens`` from the root as one more branch, sharing the nodes
+        it already has: where its first j tokens are a path of the tree, it goes on from there.
+        Its new nodes get q = 1 (a proposal no model scored; ``source`` says who made it) and
+        rank -1; nothing is added past ``max_nodes`` nodes. Returns the branch's nodes, old
+        and new. New nodes come after every existing one, so parents still come first."""
+        child = {(p, t): i for i, (p, t) in enumerate(zip(self.parents, self.tokens))}
+        at, out = ROOT, []
+        for tok in tokens:
+            node = child.get((at, int(tok)))
+            if node is None:
+                if len(self) >= max_nodes:
+                    break
+                node = child[(at, int(tok))] = self.add(at, tok, 1.0, -1, source)
+            out.append(node)
+            at = node
         return out
 
 

@@ -110,11 +110,12 @@ class _Tree(_Strict):
     confidence: list[Prob] = Field(**NODES)
     p: Optional[list[Prob]] = Field(**NODES)
     status: list[Literal[STATUSES]] = Field(**NODES)
+    source: Optional[list[Optional[Literal[DRAFTERS]]]] = Field(None, **NODES)
 
     @model_validator(mode="after")
     def _consistent(self):
         n = len(self.tokens)
-        for name in ("texts", "parents", "depths", "q", "confidence", "status", "p"):
+        for name in ("texts", "parents", "depths", "q", "confidence", "status", "p", "source"):
             if getattr(self, name) is not None and len(getattr(self, name)) != n:
                 raise ValueError(f"{name} must have {n} entries like tokens")
         for i, (parent, depth) in enumerate(zip(self.parents, self.depths)):
@@ -247,7 +248,8 @@ def _step(where: str, d: dict, index: int, version: int, settings: dict) -> Step
     tree = None if t is None else DraftTreeRecord(
         root_token=t.root_token, tokens=list(t.tokens), texts=list(t.texts), parents=list(t.parents),
         depths=list(t.depths), q=list(t.q), confidence=list(t.confidence),
-        p=None if t.p is None else list(t.p), status=list(t.status))
+        p=None if t.p is None else list(t.p), status=list(t.status),
+        source=None if t.source is None else list(t.source))
     return StepEvent(step=index, method=m.method, tree=tree, accepted=list(m.accepted), bonus=m.bonus,
                      new_tokens=list(m.new_tokens), text=m.text, rule=m.rule, drafter=m.drafter,
                      tree_config=None if m.tree_config is None else m.tree_config.model_dump(exclude_none=True),

@@ -37,9 +37,10 @@ def calibration_bins(steps: list[StepEvent], bins: int = 10) -> tuple[np.ndarray
     """(bin centres, observed acceptance rate per bin (NaN when empty), nodes per bin)."""
     conf, accepted = [], []
     for s in steps:
-        if s.tree is not None:
-            conf.extend(s.tree.confidence)
-            accepted.extend(st == "accepted" for st in s.tree.status)
+        if s.tree is not None:     # the head's own nodes only: a prompt-lookup node has no model's q
+            own = [i for i in range(len(s.tree)) if s.tree.source is None or s.tree.source[i] is None]
+            conf.extend(s.tree.confidence[i] for i in own)
+            accepted.extend(s.tree.status[i] == "accepted" for i in own)
     edges = np.linspace(0.0, 1.0, bins + 1)
     centres = (edges[:-1] + edges[1:]) / 2
     if not conf:

@@ -16,6 +16,7 @@ VANILLA = "#6b7280"      # the vanilla curve in the speed race
 EAGLE = DRAFT            # the EAGLE curve in the speed race
 
 CONFIDENCE_SCALE = "Viridis"  # a node's own q, on the fixed log scale of app/viz/tree.py (0.001..1)
+LOOKUP_FILL = "#fb923c"  # a node copied from the context by prompt lookup (no model's q: outside the scale)
 
 # Small figures: no template download, no modebar clutter, fixed margins.
 BASE_LAYOUT = dict(
@@ -53,6 +54,9 @@ LEGEND_ROWS = (
      "q, how sure the draft head was of the node's token at its branch, on a log scale: 0.001 (dark) to 1 "
      "(yellow); the path's confidence (product of q) is in the hover; the shape, outline and edge tell the "
      "node's fate"),
+    ("copied node", f"background:{LOOKUP_FILL}",
+     "orange: not the head's guess but prompt lookup's, what followed the text's last few tokens where "
+     "they occurred before (the auto tree verifies such a branch beside the head's)"),
     ("␣ ↵ ⟨end of answer⟩", "background:#f3f4f6",
      "how tokens are shown: ␣ a leading space, ↵ a new line, ⟨end of answer⟩ the model's end mark"),
 )

@@ -159,30 +159,42 @@ def tree_traces(step: StepEvent, bonus_text: str | None = None, fold: bool | Non
                  hoverinfo="skip", line=line, **on)
             for kind, (name, line) in EDGE_STYLE.items() if lines[kind][0]]
 
-    # Draft nodes: fill = confidence for every one; accepted nodes last so they sit on top.
-    nodes = sorted((k for k in lay.rows if isinstance(k, int)), key=lambda i: (tree.status[i] == "accepted", i))
+    # Draft nodes: fill = the head's q for every one of its own; a node copied by prompt lookup
+    # (``tree.source``) has no model's q and is filled LOOKUP_FILL, in a trace of its own.
+    # Accepted nodes last so they sit on top.
+    drawn = sorted((k for k in lay.rows if isinstance(k, int)), key=lambda i: (tree.status[i] == "accepted", i))
+    source = tree.source or [None] * n
     p = tree.p if tree.p is not None else [None] * n
-    hover = [f"<b>{_quoted(tree.texts[i])}</b> (id {tree.tokens[i]})<br>status: {tree.status[i]}"
-             f"<br>depth {tree.depths[i]}, position P+{tree.depths[i]}"
-             f"<br>q (the head's probability of it here): {_fmt(tree.q[i])}"
-             f"<br>p (the target's probability of it): {_fmt(p[i])}"
-             f"<br>path confidence (product of q from the root): {_fmt(tree.confidence[i])}" for i in nodes]
-    labels = [show_token(tree.texts[i], limit=LABEL_CHARS) for i in nodes]
-    labels = [f"<b>{t}</b>" if tree.status[i] == "accepted" else t for t, i in zip(labels, nodes)]
-    st = [NODE_STYLE[tree.status[i]] for i in nodes]
+
+    def hover(i: int) -> str:
+        who = (f"<br>q (the head's probability of it here): {_fmt(tree.q[i])}" if source[i] is None else
+               "<br>copied by prompt lookup: what followed the text's last few tokens where they occurred "
+               "before (no model scored it)")
+        return (f"<b>{_quoted(tree.texts[i])}</b> (id {tree.tokens[i]})<br>status: {tree.status[i]}"
+                f"<br>depth {tree.depths[i]}, position P+{tree.depths[i]}{who}"
+                f"<br>p (the target's probability of it): {_fmt(p[i])}"
+                f"<br>path confidence (product of q from the root): {_fmt(tree.confidence[i])}")
+
     colorbar = dict(title=dict(text="q: how sure the head was", side="right"), thickness=10, x=1.0,
                     xref="container", xanchor="right", lenmode="pixels", len=160, y=1.0, yanchor="top",
                     tickvals=[-3, -2, -1, 0], ticktext=["0.001", "0.01", "0.1", "1"])
-    data.append(dict(
-        type="scatter", name="nodes", x=[lay.xy(i)[0] for i in nodes], y=[lay.xy(i)[1] for i in nodes],
-        customdata=nodes, mode="markers+text", text=labels, textposition="middle right", cliponaxis=False,
-        textfont=dict(size=FONT_PX, family="monospace", color=[s[4] for s in st]),
-        hovertext=hover, hoverinfo="text",
-        marker=dict(color=[q_colour(tree.q[i]) for i in nodes], cmin=math.log10(Q_MIN), cmax=0.0,
-                    colorscale=style.CONFIDENCE_SCALE,
-                    showscale=show_colorbar, colorbar=colorbar, opacity=1.0,
-                    symbol=[s[0] for s in st], size=[s[1] for s in st],
-                    line=dict(color=[s[2] for s in st], width=[s[3] for s in st])), **on))
+    for name, nodes in (("nodes", [i for i in drawn if source[i] is None]),
+                        ("copied nodes", [i for i in drawn if source[i] is not None])):
+        if not nodes and name != "nodes":
+            continue
+        labels = [show_token(tree.texts[i], limit=LABEL_CHARS) for i in nodes]
+        labels = [f"<b>{t}</b>" if tree.status[i] == "accepted" else t for t, i in zip(labels, nodes)]
+        st = [NODE_STYLE[tree.status[i]] for i in nodes]
+        fill = (dict(color=[q_colour(tree.q[i]) for i in nodes], cmin=math.log10(Q_MIN), cmax=0.0,
+                     colorscale=style.CONFIDENCE_SCALE, showscale=show_colorbar, colorbar=colorbar)
+                if name == "nodes" else dict(color=[style.LOOKUP_FILL] * len(nodes)))
+        data.append(dict(
+            type="scatter", name=name, x=[lay.xy(i)[0] for i in nodes], y=[lay.xy(i)[1] for i in nodes],
+            customdata=nodes, mode="markers+text", text=labels, textposition="middle right", cliponaxis=False,
+            textfont=dict(size=FONT_PX, family="monospace", color=[s[4] for s in st]),
+            hovertext=[hover(i) for i in nodes], hoverinfo="text",
+            marker=dict(**fill, opacity=1.0, symbol=[s[0] for s in st], size=[s[1] for s in st],
+                        line=dict(color=[s[2] for s in st], width=[s[3] for s in st])), **on))
 
     # Folds: one grey node per path node counting what hangs there undrawn.
     folds = [k for k in lay.rows if isinstance(k, tuple)]

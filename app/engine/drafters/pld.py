@@ -41,6 +41,45 @@ def lookup(tokens: list[int], max_ngram: int, length: int, max_matches: int) -> 
     return []
 
 
+class NgramIndex:
+    """Where each n-gram of a growing token list last occurred with a token after it, for
+    ``sizes`` n (e.g. 3 and 2), kept up to date in O(1) per appended token: prompt lookup
+    beside the EAGLE head, whose every step asks one question ("what followed the context's
+    last n tokens the last time they occurred?") of a context of thousands of tokens.
+
+    ``lookup`` answers like ``lookup(tokens, max(sizes), length, 1)`` above restricted to
+    n in ``sizes``: the longest n that occurred before, its most recent occurrence. Only
+    n-grams that have a token after them are indexed, so the context's own last n-gram never
+    matches itself. The index reads only ``tokens``, which must only grow (the engine's
+    committed tokens)."""
+
+    def __init__(self, sizes: tuple[int, ...] = (3, 2)):
+        if not sizes or min(sizes) < 1:
+            raise ValueError(f"sizes must be positive n-gram lengths, got {sizes!r}")
+        self.sizes = tuple(sorted(set(sizes), reverse=True))
+        self.last: dict[tuple[int, ...], int] = {}   # n-gram -> the position right after its latest occurrence
+        self.seen = 0                                # tokens[:seen] are indexed
+
+    def update(self, tokens: list[int]) -> None:
+        """Index the n-grams that ``tokens[seen:]`` gave a next token."""
+        for end in range(max(self.seen, 1), len(tokens)):   # tokens[end] follows the n-grams ending at end - 1
+            for n in self.sizes:
+                if end >= n:
+                    self.last[tuple(tokens[end - n:end])] = end
+        self.seen = len(tokens)
+
+    def lookup(self, tokens: list[int], length: int) -> list[int]:
+        """Up to ``length`` tokens that followed the latest earlier occurrence of the context's
+        last n-gram, for the longest n in ``sizes`` that occurred; [] if none did."""
+        self.update(tokens)
+        for n in self.sizes:
+            if len(tokens) > n:
+                start = self.last.get(tuple(tokens[-n:]))
+                if start is not None:
+                    return tokens[start:start + length]
+        return []
+
+
 class PromptLookup:
     """The pld drafter. It keeps no state: the run's committed tokens are all it reads."""
 
