@@ -19,6 +19,7 @@ from app.engine.tree import ROOT, DraftTree
 from app.ui.traces import TraceError, dumps, parse_trace, trace_dict
 from app.viz.style import LOOKUP_FILL
 from app.viz.tree import tree_figure
+from tests.test_sampling import chi_square, exact_joint
 from tests.tiny import random_head
 
 # the first prompt repeats itself, so the context's last n-grams occurred before
@@ -72,6 +73,23 @@ def test_the_branch_follows_the_heads_nodes_and_adds_its_own_after_them():
     assert all(p < i for i, p in enumerate(tree.parents))                 # parents still come first
 
 
+def test_room_for_the_branch_is_made_from_the_least_confident_nodes():
+    tree = DraftTree()
+    a = tree.add(ROOT, 10, 0.6, 0)                     # confidence 0.6
+    tree.add(ROOT, 20, 0.3, 1)                         # 0.3
+    tree.add(a, 11, 0.5, 0)                            # 0.3, later
+    tree.add(a, 12, 0.1, 1)                            # 0.06
+    assert tree.make_room_for([10, 11], max_nodes=4) is tree          # shared all the way: nothing to add
+    cut = tree.make_room_for([10, 13, 14], max_nodes=4)               # 2 new nodes: keep "10" and the best other
+    assert cut.tokens == [10, 20] and cut.parents == [ROOT, ROOT]
+    cut.merge_branch([10, 13, 14], "pld", max_nodes=4)
+    assert cut.tokens == [10, 20, 13, 14] and cut.parents == [ROOT, ROOT, 0, 2]
+    cut = tree.make_room_for([12, 13, 14, 15, 16], max_nodes=3)       # a branch longer than the budget
+    assert cut.tokens == [] and cut.merge_branch([12, 13, 14, 15, 16], "pld", max_nodes=3) == [0, 1, 2]
+    cut = tree.make_room_for([10, 12, 9], max_nodes=3)                # keeps the shared "10 12" though 0.06
+    assert cut.tokens == [10, 12] and cut.parents == [ROOT, 0]
+
+
 @pytest.mark.parametrize("cfg", [
     dict(method="dynamic", depth=3, top_k=4, total_tokens=12, lookup=3),
     dict(method="dynamic", depth=1, top_k=1, total_tokens=1, lookup=6),
@@ -95,6 +113,24 @@ def test_greedy_output_with_a_lookup_branch_is_plain_greedy(tiny, cfg):
     assert copied > 0      # the branch's own nodes were accepted, or this proves little
 
 
+def test_the_branch_fills_the_free_rows_then_takes_the_heads_places(tiny):
+    """Where the verify forward's rows cost alike up to a register block (``free_rows``), the
+    branch adds nodes up to the block and beyond it replaces the head's least confident ones;
+    where rows are not counted it adds up to ``lookup`` nodes. Output is plain greedy either way."""
+    target, head = tiny
+    engine = Engine(target, head)
+    tree = TreeConfig(depth=2, top_k=2, total_tokens=3, lookup=3)
+    sizes = {}
+    for free_rows in (None, 5, 4):
+        engine.free_rows = free_rows
+        *steps, summary = engine.generate(prompt_ids=PROMPTS[0], tree=tree, max_new_tokens=30)
+        assert summary.token_ids == hf_greedy(target, PROMPTS[0], 30)
+        branched = [s for s in steps[1:] if s.tree.source is not None]
+        assert branched
+        sizes[free_rows] = max(len(s.tree) for s in branched)
+    assert sizes == {None: 6, 5: 4, 4: 3}     # total + lookup; the block's 4 rows past the root; total
+
+
 def test_the_branch_is_only_verified_where_it_is_asked_for(tiny):
     target, head = tiny
     engine = Engine(target, head)
@@ -114,36 +150,28 @@ def test_the_branch_is_only_verified_where_it_is_asked_for(tiny):
 
 
 def test_sampled_output_with_a_lookup_branch_is_the_targets(tiny):
-    """The joint distribution of the first two sampled tokens equals the target's (the pattern
-    of test_sampling.py): the branch's tokens are fixed candidates, which sequential_verify
-    accepts exactly. The prompt ends in the target's own greedy loop, so a branch exists
-    wherever the first sampled token keeps to it."""
+    """The first two sampled tokens against the target's exact joint p(a) p(b | a), by the
+    chi-square test of test_sampling.py: the branch's tokens are fixed candidates, which
+    sequential_verify accepts exactly. The prompt ends in the target's own greedy loop, so a
+    branch exists wherever the first sampled token keeps to it."""
     target, _ = tiny
     engine = Engine(target, random_head(target))     # an untrained head: the branch's nodes carry the run
     prompt = PROMPTS[1] + hf_greedy(target, PROMPTS[1], 24)
-    temperature = 0.2
-    with torch.no_grad():
-        p1 = torch.softmax(target.model(torch.tensor([prompt])).logits[0, -1] / temperature, -1)
-        exact = {}
-        for a in torch.topk(p1, 6).indices.tolist():
-            p2 = torch.softmax(target.model(torch.tensor([prompt + [a]])).logits[0, -1] / temperature, -1)
-            for b in torch.topk(p2, 6).indices.tolist():
-                exact[(a, b)] = float(p1[a] * p2[b])
+    sampling = dict(temperature=0.2)
     n = 1200
     counts: dict[tuple, int] = {}
     copied = 0
     tree = TreeConfig(method="dynamic", depth=1, top_k=2, total_tokens=1, lookup=3)   # not a chain: q's top-1
     for seed in range(n):
-        *steps, summary = engine.generate(prompt_ids=prompt, tree=tree,
-                                          sampling=SamplingConfig(temperature=temperature, seed=seed),
-                                          max_new_tokens=2)
+        *steps, summary = engine.generate(prompt_ids=prompt, tree=tree, max_new_tokens=2,
+                                          sampling=SamplingConfig(**sampling, seed=seed))
         key = tuple(summary.token_ids[:2])
         counts[key] = counts.get(key, 0) + 1
         s = steps[1]
         assert s.rule == "sampled_tree"
         copied += any(src == "pld" and st == "accepted" for src, st in zip(s.tree.source or [], s.tree.status))
-    err = 0.5 * sum(abs(counts.get(k, 0) / n - v) for k, v in exact.items())
-    assert err < 0.08, err
+    stat, threshold = chi_square(counts, exact_joint(target, prompt, engine.eos_ids, **sampling), n)
+    assert stat < threshold, (stat, threshold)
     assert copied > 30, copied     # the branch's own tokens were accepted in many runs
 
 
@@ -157,7 +185,7 @@ def test_records_with_a_branch_load_as_a_trace_and_the_page_tells_it_apart(tiny)
     trace = parse_trace(dumps(trace_dict({"method": "dynamic"}, {"name": "tiny"}, steps, summary)))
     assert [s.tree.source for s in trace.steps[1:]] == [s.tree.source for s in steps[1:]]
     bad = trace_dict({"method": "dynamic"}, {"name": "tiny"}, steps, summary)
-    step = next(r for r in bad["records"] if r.get("tree") and r["tree"]["source"])
+    step = next(r for r in bad["records"] if r.get("tree") and r["tree"].get("source"))
     step["tree"]["source"] = step["tree"]["source"][:-1]
     with pytest.raises(TraceError, match="source"):
         parse_trace(dumps(bad))

@@ -35,7 +35,8 @@ class DraftTreeRecord:
     status: list[str]               # "accepted" | "rejected" | "unreached"
     source: list[str | None] | None = None   # who proposed node i where not the step's drafter:
                                     # "pld" for a prompt-lookup branch (TreeConfig.lookup), None
-                                    # for the drafter's own nodes; None when all are its own
+                                    # for the drafter's own nodes; None when all are its own (and
+                                    # then left out of the JSON form, ``StepEvent.to_dict``)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -64,7 +65,10 @@ class StepEvent:
     type: str = field(default="step", init=False)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if d["tree"] is not None and d["tree"]["source"] is None:
+            del d["tree"]["source"]       # only a tree with a prompt-lookup branch carries the key
+        return d
 
 
 @dataclass(frozen=True)

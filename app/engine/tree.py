@@ -104,6 +104,28 @@ class DraftTree:
             out.sources.append(self.sources[old])
         return out
 
+    def make_room_for(self, tokens: Sequence[int], max_nodes: int) -> "DraftTree":
+        """This tree, cut so that the branch ``tokens`` (see ``merge_branch``) fits in
+        ``max_nodes`` nodes beside it: the nodes the branch shares stay, then the most
+        confident others (``finalize``'s order, which keeps the tree connected) while room
+        is left. Returns self when the branch fits as it is."""
+        child = {(p, t): i for i, (p, t) in enumerate(zip(self.parents, self.tokens))}
+        at, shared = ROOT, []
+        for tok in tokens:
+            at = child.get((at, int(tok)))
+            if at is None:
+                break
+            shared.append(at)
+        new = min(len(tokens) - len(shared), max(0, max_nodes - len(shared)))
+        if len(self) + new <= max_nodes:
+            return self
+        keep = set(shared)
+        for n in sorted(range(len(self)), key=lambda n: (-self.confidence[n], n)):
+            if len(keep) >= max_nodes - new:
+                break
+            keep.add(n)   # a node's parent comes before it in this order, so the kept nodes stay a tree
+        return self.subtree(sorted(keep))
+
     def merge_branch(self, tokens: Sequence[int], source: str, max_nodes: int) -> list[int]:
         """Hang the continuation ``tokens`` from the root as one more branch, sharing the nodes
         it already has: where its first j tokens are a path of the tree, it goes on from there.
