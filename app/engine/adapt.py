@@ -69,7 +69,7 @@ def _same(a: TreeConfig, b: TreeConfig) -> bool:
     return (a.method, a.depth, a.top_k, a.total_tokens) == (b.method, b.depth, b.top_k, b.total_tokens)
 
 
-def path_end(event) -> int:
+def _path_end(event) -> int:
     """The last accepted node of a step (its index in the step's tree); the step accepted some."""
     return max(i for i, status in enumerate(event.tree.status) if status == "accepted")
 
@@ -172,7 +172,7 @@ class TreeAdapter:
         if _is_chain(a.tree):      # a chain of depth D tells every shorter chain: min(k, d)
             # ... unless the path ended on a prompt-lookup branch, which a shorter chain has too
             source = event.tree.source if event.tree is not None else None
-            copied = bool(k) and source is not None and source[path_end(event)] is not None
+            copied = bool(k) and source is not None and source[_path_end(event)] is not None
             for other in self.arms:
                 if _is_chain(other.tree) and other.tree.depth <= a.tree.depth:
                     self._learn_tau(other, 1 + (k if copied else min(k, other.tree.depth)))

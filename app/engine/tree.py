@@ -104,11 +104,8 @@ class DraftTree:
             out.sources.append(self.sources[old])
         return out
 
-    def make_room_for(self, tokens: Sequence[int], max_nodes: int) -> "DraftTree":
-        """This tree, cut so that the branch ``tokens`` (see ``merge_branch``) fits in
-        ``max_nodes`` nodes beside it: the nodes the branch shares stay, then the most
-        confident others (``finalize``'s order, which keeps the tree connected) while room
-        is left. Returns self when the branch fits as it is."""
+    def _shared_path(self, tokens: Sequence[int]) -> list[int]:
+        """The nodes of the longest path from the root that spells a prefix of ``tokens``."""
         child = {(p, t): i for i, (p, t) in enumerate(zip(self.parents, self.tokens))}
         at, shared = ROOT, []
         for tok in tokens:
@@ -116,6 +113,14 @@ class DraftTree:
             if at is None:
                 break
             shared.append(at)
+        return shared
+
+    def make_room_for(self, tokens: Sequence[int], max_nodes: int) -> "DraftTree":
+        """This tree, cut so that the branch ``tokens`` (see ``merge_branch``) fits in
+        ``max_nodes`` nodes beside it: the nodes the branch shares stay, then the most
+        confident others (``finalize``'s order, which keeps the tree connected) while room
+        is left. Returns self when the branch fits as it is."""
+        shared = self._shared_path(tokens)
         new = min(len(tokens) - len(shared), max(0, max_nodes - len(shared)))
         if len(self) + new <= max_nodes:
             return self
@@ -132,16 +137,13 @@ class DraftTree:
         Its new nodes get q = 1 (a proposal no model scored; ``source`` says who made it) and
         rank -1; nothing is added past ``max_nodes`` nodes. Returns the branch's nodes, old
         and new. New nodes come after every existing one, so parents still come first."""
-        child = {(p, t): i for i, (p, t) in enumerate(zip(self.parents, self.tokens))}
-        at, out = ROOT, []
-        for tok in tokens:
-            node = child.get((at, int(tok)))
-            if node is None:
-                if len(self) >= max_nodes:
-                    break
-                node = child[(at, int(tok))] = self.add(at, tok, 1.0, -1, source)
-            out.append(node)
-            at = node
+        out = self._shared_path(tokens)
+        at = out[-1] if out else ROOT
+        for tok in tokens[len(out):]:
+            if len(self) >= max_nodes:
+                break
+            at = self.add(at, tok, 1.0, -1, source)   # a new node has no children yet: the rest is new too
+            out.append(at)
         return out
 
 
