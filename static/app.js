@@ -227,7 +227,8 @@
     gd.__lensHooked = gd._ev || true;
     gd.on("plotly_hover", (event) => {
       const point = event && event.points && event.points[0];
-      if (point && point.data && point.data.name === "nodes") lightMask(point.customdata);
+      // the head's nodes and the ones prompt lookup copied (app/viz/tree.py): customdata = node index
+      if (point && point.data && (point.data.name === "nodes" || point.data.name === "copied nodes")) lightMask(point.customdata);
     });
     gd.on("plotly_unhover", clearMask);
   };
