@@ -617,26 +617,30 @@ def test_markup_in_an_uploaded_trace_stays_text(url, tiny, tmp_path):
 
 @pytest.mark.skipif(not shutil.which(CHROMIUM) and not os.path.exists(CHROMIUM), reason="chromium not installed")
 def test_copied_nodes_are_drawn_apart_and_light_the_mask(url, tiny, tmp_path):
-    """A trace whose trees carry a prompt-lookup branch: at a step with copied nodes they are
-    drawn orange, in a trace of their own with a hover that says so, and hovering one lights
-    its row in the attention mask as hovering one of the head's nodes does."""
+    """A trace whose trees carry a prompt-lookup branch: its copied nodes are drawn orange, in a
+    trace of their own with a hover that says so, and hovering one lights its row in the
+    attention mask as hovering one of the head's nodes does."""
     import json
 
     from playwright.sync_api import expect, sync_playwright
 
     from app.engine.config import TreeConfig
+    from tests.tiny import random_head
+
     from app.viz.style import LOOKUP_FILL
 
     expect.set_options(timeout=EXPECT_TIMEOUT_MS)
-    target, head = tiny
-    engine = Engine(target, head)
-    prompt = [7, 8, 9, 10, 11, 7, 8, 9, 10, 11, 7, 8, 9]       # repeats itself: the context has n-grams to copy
-    *steps, summary = engine.generate(prompt_ids=prompt, tree=TreeConfig(depth=2, top_k=2, total_tokens=3, lookup=4),
-                                      max_new_tokens=24)
-    index = next(i for i, s in enumerate(steps) if s.tree is not None and "pld" in (s.tree.source or []))
+    target, _ = tiny
+    engine = Engine(target, random_head(target))     # an untrained head: the branch brings nodes of its own
+    start = [5, 17, 33, 90, 4, 5, 17, 33]
+    loop = start + [t for t in engine.generate(prompt_ids=start, tree=TreeConfig(method="vanilla"), max_new_tokens=24)
+                    ][-1].token_ids                   # ends in the target's own greedy loop: n-grams to copy
+    *steps, summary = engine.generate(prompt_ids=loop, tree=TreeConfig(depth=1, top_k=1, total_tokens=1, lookup=3),
+                                      max_new_tokens=12)
+    assert all("pld" in (s.tree.source or []) for s in steps[1:])   # whichever step the page opens on has some
     trace = tmp_path / "copied.json"
-    trace.write_text(json.dumps(traces.trace_dict(dict(prompt="w7 w8 w9", method="dynamic", temperature=0.0,
-                                                       max_new_tokens=24), {"target": "tiny"}, steps, summary)))
+    trace.write_text(json.dumps(traces.trace_dict(dict(prompt="a loop", method="dynamic", temperature=0.0,
+                                                       max_new_tokens=12), {"target": "tiny"}, steps, summary)))
     with sync_playwright() as p:
         browser = _chromium(p)
         errors: list = []
@@ -645,17 +649,14 @@ def test_copied_nodes_are_drawn_apart_and_light_the_mask(url, tiny, tmp_path):
         page.get_by_role("tab", name="Traces").click()
         page.locator("#trace-upload input[type=file]").set_input_files(str(trace))
         expect(page.locator("#status")).to_contain_text("replaying")
-        _wait_for_tree(page)
-        slider = page.locator("#step-slider input[type=number]")
-        slider.fill(str(index))
-        slider.press("Enter")
+        page.get_by_role("tab", name="Attention mask").click()
+        _figure(page, "#mask-plot")
         page.wait_for_function("""() => { const gd = document.querySelector('#tree-plot .js-plotly-plot');
             return gd && gd.data && gd.data.some(t => t.name === 'copied nodes'); }""")
         copied = next(t for t in _figure(page, "#tree-plot") if t.get("name") == "copied nodes")
         assert copied["customdata"] and set(copied["marker"]["color"]) == {LOOKUP_FILL}
         assert all("copied by prompt lookup" in h for h in copied["hovertext"])
-        page.get_by_role("tab", name="Attention mask").click()
-        _figure(page, "#mask-plot")
+        page.wait_for_timeout(1000)       # the page hooks a newly drawn tree within 0.5 s
         where = page.evaluate("""() => { const gd = document.querySelector('#tree-plot .js-plotly-plot');
             const d = gd.data.find(t => t.name === 'copied nodes'); const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;
             const r = gd.getBoundingClientRect();
