@@ -242,6 +242,14 @@ def _figure(page, selector: str) -> list[dict]:
     return page.evaluate(FIGURE_JS, selector)
 
 
+def _first_point(page, trace_name: str) -> dict:
+    """Where on the page the first point of the tree plot's trace ``trace_name`` is drawn: {x, y}."""
+    return page.evaluate("""(name) => { const gd = document.querySelector('#tree-plot .js-plotly-plot');
+        const d = gd.data.find(t => t.name === name); const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;
+        const r = gd.getBoundingClientRect();
+        return {x: r.left + xa._offset + xa.l2p(d.x[0]), y: r.top + ya._offset + ya.l2p(d.y[0])}; }""", trace_name)
+
+
 def _tree_nodes(page) -> list[dict]:
     """The draft nodes the tree plot drew: {node, depth, status, colour} (read from the page)."""
     nodes = next(t for t in _figure(page, "#tree-plot") if t.get("name") == "nodes")
@@ -381,10 +389,7 @@ def test_classroom_screen_demo_settings_views_and_ab(url):
         # Hovering a tree node lights its row and column in the mask.
         page.get_by_role("tab", name="Attention mask").click()
         _figure(page, "#mask-plot")
-        where = page.evaluate("""() => { const gd = document.querySelector('#tree-plot .js-plotly-plot');
-            const d = gd.data.find(t => t.name === 'nodes'); const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;
-            const r = gd.getBoundingClientRect();
-            return {x: r.left + xa._offset + xa.l2p(d.x[0]), y: r.top + ya._offset + ya.l2p(d.y[0])}; }""")
+        where = _first_point(page, "nodes")
         page.mouse.move(where["x"], where["y"])
         expect(page.locator("#mask-plot .lens-mask-band")).to_have_count(2)
         page.screenshot(path=str(ARTEFACTS / "browser-mask-hover.png"))
@@ -657,10 +662,7 @@ def test_copied_nodes_are_drawn_apart_and_light_the_mask(url, tiny, tmp_path):
         assert copied["customdata"] and set(copied["marker"]["color"]) == {LOOKUP_FILL}
         assert all("copied by prompt lookup" in h for h in copied["hovertext"])
         page.wait_for_timeout(1000)       # the page hooks a newly drawn tree within 0.5 s
-        where = page.evaluate("""() => { const gd = document.querySelector('#tree-plot .js-plotly-plot');
-            const d = gd.data.find(t => t.name === 'copied nodes'); const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;
-            const r = gd.getBoundingClientRect();
-            return {x: r.left + xa._offset + xa.l2p(d.x[0]), y: r.top + ya._offset + ya.l2p(d.y[0])}; }""")
+        where = _first_point(page, "copied nodes")
         page.mouse.move(where["x"], where["y"])
         expect(page.locator("#mask-plot .lens-mask-band")).to_have_count(2)
         assert errors == [], errors
