@@ -14,9 +14,9 @@ from app.engine import forward, fused, kernels, kv
 from app.engine.config import SamplingConfig, TreeConfig
 from app.engine.engine import Engine
 from app.engine.loading import Target
-from app.engine.rowwise import RowwiseLlamaDecoder
+from app.engine.rowwise import RowwiseDraftHead, RowwiseLlamaDecoder
 from app.engine.tree import tree_attention_mask
-from tests.tiny import tiny_target
+from tests.tiny import random_head, tiny_target
 
 pytestmark = pytest.mark.skipif(kernels.load() is None, reason=f"fast kernels unavailable: {kernels.why_not()}")
 
@@ -136,6 +136,36 @@ def test_one_call_decoder_is_the_per_kernel_forward_bit_for_bit(dtype):
                 assert a.shape == b.shape and torch.equal(a, b), (a - b).abs().max()
     finally:
         decoder.one_call = True
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_heads_one_call_layer_is_its_per_kernel_forward_bit_for_bit(dtype):
+    """An EAGLE head's layer on the fast kernels runs as one ``kernels.decoder`` call (no input
+    norm, no final norm): over the pending pairs, then tree levels with their own masks, the
+    outputs and the keys and values it caches are the per-kernel path's, bit for bit."""
+    target = tiny_target(seed=3)
+    head = random_head(target, seed=4).to(dtype)
+    draft = RowwiseDraftHead(head)
+    assert RowwiseDraftHead.supports(head) and draft.one_call
+    g = torch.Generator().manual_seed(0)
+    H = target.model.config.hidden_size
+    caches = (kv.preallocated_cache(None, 4), kv.preallocated_cache(None, 4))    # capacity 4: they grow
+    length = 0
+    with torch.inference_mode():
+        for T in (5, 1, 3, 2):
+            emb, feat = torch.randn(1, T, H, generator=g), torch.randn(1, T, H, generator=g)
+            pos = torch.arange(length, length + T)[None]
+            mask = torch.ones(T, length + T, dtype=torch.bool).tril(length)
+            mask[-1, 0] = False                                                   # a row that may not see key 0
+            one_call = draft(emb, feat, pos, mask[None, None], caches[0])
+            x = kernels.linear(torch.cat((emb[0], feat[0]), dim=-1), draft.fc)
+            x = x + draft.fc_bias if draft.fc_bias is not None else x
+            cos, sin = draft.rotary_emb(x[None], position_ids=pos)
+            per_kernel = draft._forward_per_kernel(x, cos, sin, T, draft.head_dim, mask[None, None], caches[1])
+            length += T
+            assert torch.equal(one_call, per_kernel), (one_call - per_kernel).abs().max()
+            a, b = caches[0].layers[0], caches[1].layers[0]
+            assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values) and a.length == length
 
 
 def answer(engine, tree, n, prompt=None, prompt_ids=None) -> list[int]:

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from app.engine import kv
+from app.engine import kernels, kv
 from app.engine.config import SamplingConfig, TreeConfig
 from app.engine.engine import Engine
 from app.engine.tree import tree_attention_mask
@@ -91,6 +91,44 @@ def test_keep_positions_keeps_root_and_accepted_path(tiny, kind):
         model.model(input_ids=torch.tensor([[40]]), position_ids=torch.tensor([[len(prefix) + 2]]),
                     cache=cache, use_cache=True)
     check(prefix + [root, 21, 40])
+
+
+@pytest.mark.skipif(kernels.load() is None, reason=f"fast kernels unavailable: {kernels.why_not()}")
+def test_keep_positions_moves_float32_buffers_in_one_c_call_as_torch_would():
+    """Where the kernels are loaded, ``kv.keep_positions`` compacts float32 buffers with one C
+    call for every layer (``kernels.keep_rows``). It must leave what the torch gather leaves:
+    rows before ``start`` untouched, ``start + offsets[j]`` at ``start + j``, every layer's
+    length ``start + len(offsets)``; and it must have run (not fallen back to torch)."""
+    kernels.load()                         # (another test may have reset the loaded library)
+    g = torch.Generator().manual_seed(0)
+
+    def cache_of(data):
+        cache = DynamicCache()
+        cache.layers = [kv.PreallocatedLayer(16) for _ in data]
+        for layer, (keys, values) in zip(cache.layers, data):
+            _, key_buffer, value_buffer = layer.reserve(12, 2, 8)       # (1, 2 heads, 16, 8) float32
+            key_buffer[:, :, :12], value_buffer[:, :, :12] = keys, values
+        return cache
+
+    data = [(torch.randn(1, 2, 12, 8, generator=g), torch.randn(1, 2, 12, 8, generator=g)) for _ in range(3)]
+    in_c, in_torch = cache_of(data), cache_of(data)
+    start, offsets = 5, [0, 2, 3, 6]
+    calls = []
+    keep_rows = kernels.keep_rows
+    try:
+        kernels.keep_rows = lambda *a: calls.append(1) or keep_rows(*a)
+        kv.keep_positions(in_c, start, offsets)
+    finally:
+        kernels.keep_rows = keep_rows
+    index = torch.tensor([start + o for o in offsets])
+    for layer in in_torch.layers:
+        layer.gather_tail(start, index)
+    assert calls == [1] and keep_rows([in_c.layers[0].key_buffer], 0, [0]) is True
+    for a, b, (keys, _) in zip(in_c.layers, in_torch.layers, data):
+        assert a.length == b.length == start + len(offsets)
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+        assert torch.equal(a.keys[:, :, :start], keys[:, :, :start])
+        assert torch.equal(a.keys[:, :, start + 1], keys[:, :, start + 2])
 
 
 @pytest.mark.parametrize("method", ["dynamic", "static", "threshold"])

@@ -189,6 +189,15 @@ class RowwiseDraftHead:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
         self.scaling = getattr(attn, "scaling", self.head_dim ** -0.5)
         self.rotary_emb = head.rotary_emb
+        self.inner = mlp.down_proj.in_features
+        # the layer for the C decoder (``kernels.decoder``, one call): no input norm (norm1
+        # NULL), its cache fields set per call
+        self._c_layer = (kernels.Layer * 1)()
+        c = self._c_layer[0]
+        c.norm1, c.norm2, c.eps1, c.eps2, c.scale = None, self.norm.data_ptr(), 0.0, self.eps, self.scaling
+        c.qkv, c.o, c.gate_up, c.down = (w.data.data_ptr() for w in (self.qkv, self.o, self.gate_up, self.down))
+        c.wbf16 = self.qkv.bf16
+        self.one_call = self.qkv.bf16 == self.o.bf16 == self.gate_up.bf16 == self.down.bf16
 
     @staticmethod
     def supports(head) -> bool:
@@ -208,6 +217,24 @@ class RowwiseDraftHead:
         if self.fc_bias is not None:
             x = x + self.fc_bias
         cos, sin = self.rotary_emb(x[None], position_ids=position_ids)                   # (1, T, d) each
+        slots = kv.reserve(cache, T, self.kv_heads, d) if self.one_call else None
+        if slots is not None and slots[0][1].dtype == torch.float32:
+            # the layer in one C call (the same kernels as below, ~0.2 ms less Python a forward)
+            (cached, keys, values), = slots
+            c = self._c_layer[0]
+            c.keys, c.values, c.kv_head = keys.data_ptr(), values.data_ptr(), keys.stride(1)
+            keep = None if attention_mask is None else attention_mask[0, 0].to(torch.uint8).contiguous()   # (T, S)
+            out = kernels.decoder(x.contiguous(), self._c_layer, self.heads, self.kv_heads, d, self.inner,
+                                  cos[0].float().contiguous(), sin[0].float().contiguous(), cached, keep,
+                                  None, None, None, 0.0)
+            return out[None]                                                              # (1, T, H) float32
+        if slots is not None:                       # reserved for a cache in another dtype: undo, take the path below
+            kv.crop(cache, slots[0][0])
+        return self._forward_per_kernel(x, cos, sin, T, d, attention_mask, cache)
+
+    def _forward_per_kernel(self, x, cos, sin, T, d, attention_mask, cache):
+        """The layer one kernel call at a time, the cache written by ``cache.update``: any
+        cache kind. The one-call path above runs exactly these steps in C."""
         qkv = kernels.linear(x, self.qkv)                                                 # (T, (Hq+2Hkv)·d)
         qk, v = qkv.split([(self.heads + self.kv_heads) * d, self.kv_heads * d], dim=-1)
         qk = qk.view(T, -1, d).transpose(0, 1)                                            # (Hq+Hkv, T, d)

@@ -157,6 +157,12 @@ def declare(lib, kind: str):
         ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_float,
         ctypes.c_void_p, ctypes.c_int]
+    try:
+        lib.rowwise_keep_rows.restype = None
+        lib.rowwise_keep_rows.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_int, ctypes.c_int,
+                                          ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+    except AttributeError:      # a build of an older source (--baseline)
+        pass
     lib.kind = kind
     return lib
 
@@ -181,6 +187,25 @@ def reset() -> None:
     """Forget the load attempt (tests that simulate a missing compiler)."""
     global _lib, _why_not
     _lib, _why_not = None, None
+
+
+def keep_rows(buffers: list[torch.Tensor], start: int, offsets: list[int]) -> bool:
+    """In each KV buffer (1, heads, capacity, d), move row ``start + offsets[j]`` to
+    ``start + j`` (``offsets`` ascending): ``kv.keep_positions``'s compaction in one C call
+    for all layers. Returns False, having done nothing, unless the kernels are already
+    loaded and every buffer is a contiguous float32 CPU tensor of one shape."""
+    if _lib is None or not buffers or not hasattr(_lib, "rowwise_keep_rows"):
+        return False
+    first = buffers[0]
+    if first.dim() != 4 or first.shape[0] != 1 or first.dtype != torch.float32 or first.device.type != "cpu" \
+            or not all(b.shape == first.shape and b.dtype == first.dtype and b.device == first.device
+                       and b.is_contiguous() for b in buffers):
+        return False
+    _, heads, capacity, d = first.shape
+    pointers = (ctypes.c_void_p * len(buffers))(*[b.data_ptr() for b in buffers])
+    moves = (ctypes.c_int * len(offsets))(*offsets)
+    _lib.rowwise_keep_rows(pointers, len(buffers), capacity * d, heads, d, start, moves, len(offsets))
+    return True
 
 
 def group() -> int:
@@ -283,11 +308,14 @@ def rope_(qkv: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin: 
 
 def decoder(x: torch.Tensor, layers, heads: int, kv_heads: int, head_dim: int, inner: int,
             cos: torch.Tensor, sin: torch.Tensor, cached: int, mask: torch.Tensor | None,
-            tap: list[int] | None, taps: torch.Tensor | None, final_norm: torch.Tensor, final_eps: float) -> torch.Tensor:
+            tap: list[int] | None, taps: torch.Tensor | None, final_norm: torch.Tensor | None,
+            final_eps: float) -> torch.Tensor:
     """The whole decoder stack over n rows in one call (``rowwise_decoder``): per layer
     RMSNorm, [q; k; v], RoPE, the new keys and values written into each layer's cache buffers
     at positions [cached, cached + n), attention, o-projection + residual, RMSNorm, SwiGLU MLP
-    + residual; then the final RMSNorm. The same kernels in the same order as one call each.
+    + residual; then the final RMSNorm (none if ``final_norm`` is None; nor the input norm
+    of a layer whose ``norm1`` is NULL: an EAGLE head's layer). The same kernels in the same
+    order as one call each.
 
     x (n, H) float32 contiguous, the embeddings (overwritten with the residual stream);
     layers a ``Layer`` array with its cache fields set; cos, sin (n, d) float32 contiguous;
@@ -306,5 +334,6 @@ def decoder(x: torch.Tensor, layers, heads: int, kv_heads: int, head_dim: int, i
         x.data_ptr(), n, layers, len(layers), H, heads, kv_heads, head_dim, inner, cos.data_ptr(), sin.data_ptr(),
         cached, mask.data_ptr() if mask is not None else None, tap_arr,
         taps.data_ptr() if taps is not None else None, taps.stride(0) if taps is not None else 0,
-        final_norm.data_ptr(), float(final_eps), out.data_ptr(), torch.get_num_threads())
+        final_norm.data_ptr() if final_norm is not None else None, float(final_eps), out.data_ptr(),
+        torch.get_num_threads())
     return out

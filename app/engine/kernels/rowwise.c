@@ -676,7 +676,7 @@ struct rowwise_layer {
  *   mask      (n, cached + n) bytes, nonzero = visible, or NULL (causal)
  *   tap       (layers,) -1, or the slot s at which layer l's input is copied to
  *   taps      (n, slots * H), row stride ldt (EAGLE-3's features; NULL when no tap)
- *   out       (n, H) the final RMSNorm of the last layer's output
+ *   out       (n, H) the final RMSNorm of the last layer's output (its copy if final_norm is NULL)
  * Per layer, as RowwiseLlamaDecoder._forward_per_kernel does with one call per kernel:
  *   h = rmsnorm(x); qkv = h Wqkv^T; RoPE on q, k; k, v -> cache; a = attention(q, cache)
  *   x = x + a Wo^T;  h = rmsnorm(x); x = x + (silu(h Wg^T) * h Wu^T) Wd^T
@@ -700,8 +700,9 @@ void rowwise_decoder(float *x, int n, const struct rowwise_layer *layer, int lay
         const struct rowwise_layer *w = layer + l;
         if (tap && tap[l] >= 0)
             for (int i = 0; i < n; i++) memcpy(taps + i * ldt + (long)tap[l] * H, x + (long)i * H, sizeof(float) * H);
-        /* attention block */
-        rowwise_rmsnorm(x, n, H, w->norm1, w->eps1, h);
+        /* attention block (an EAGLE head's layer has no input norm: norm1 NULL) */
+        if (w->norm1) rowwise_rmsnorm(x, n, H, w->norm1, w->eps1, h);
+        else memcpy(h, x, sizeof(float) * nx);
         rowwise_linear(h, H, n, w->qkv, w->wbf16, Nqkv, H, qkv, Nqkv, threads);
         rowwise_rope(qkv, n, Nqkv, Hq + Hkv, d, cos, sin);
         for (int i = 0; i < n; i++)                   /* row i's k and v heads -> cache position cached + i */
@@ -721,6 +722,24 @@ void rowwise_decoder(float *x, int n, const struct rowwise_layer *layer, int lay
         rowwise_linear(act, I, n, w->down, w->wbf16, H, I, add, H, threads);
         for (long e = 0; e < nx; e++) x[e] = x[e] + add[e];
     }
-    rowwise_rmsnorm(x, n, H, final_norm, final_eps, out);
+    if (final_norm) rowwise_rmsnorm(x, n, H, final_norm, final_eps, out);
+    else memcpy(out, x, sizeof(float) * nx);                /* no final norm (an EAGLE head) */
     free(work);
+}
+
+/* ---- the KV cache after a tree verification -------------------------------------------- */
+/* Keep cache rows [0, start) and move row start + offsets[j] to start + j (offsets ascending,
+ * so offsets[j] >= j and a row is read before anything overwrites it), for every head of
+ * every (heads, capacity, d) float32 buffer: what kv.keep_positions does with an
+ * index_select and a copy per buffer, in one call for all layers (SmolLM2: 60 buffers,
+ * ~0.4 ms a step in torch). Copies only: no arithmetic. */
+void rowwise_keep_rows(float *const *buffers, int nbuf, long head_stride, int heads, int d, int start,
+                       const int *offsets, int k) {
+    for (int b = 0; b < nbuf; b++)
+        for (int h = 0; h < heads; h++) {
+            float *base = buffers[b] + (long)h * head_stride;
+            for (int j = 0; j < k; j++)
+                if (offsets[j] != j)
+                    memmove(base + (long)(start + j) * d, base + (long)(start + offsets[j]) * d, sizeof(float) * d);
+        }
 }
