@@ -141,8 +141,9 @@ def test_one_call_decoder_is_the_per_kernel_forward_bit_for_bit(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_heads_one_call_layer_is_its_per_kernel_forward_bit_for_bit(dtype):
     """An EAGLE head's layer on the fast kernels runs as one ``kernels.decoder`` call (no input
-    norm, no final norm): over the pending pairs, then tree levels with their own masks, the
-    outputs and the keys and values it caches are the per-kernel path's, bit for bit."""
+    norm, no final norm; RoPE from a table): over the pending pairs, then tree levels with their
+    own masks, the outputs and the keys and values it caches are those of the per-kernel path
+    with the head's own rotary embedding, bit for bit."""
     target = tiny_target(seed=3)
     head = random_head(target, seed=4).to(dtype)
     draft = RowwiseDraftHead(head)
@@ -160,8 +161,9 @@ def test_the_heads_one_call_layer_is_its_per_kernel_forward_bit_for_bit(dtype):
             one_call = draft(emb, feat, pos, mask[None, None], caches[0])
             x = kernels.linear(torch.cat((emb[0], feat[0]), dim=-1), draft.fc)
             x = x + draft.fc_bias if draft.fc_bias is not None else x
-            cos, sin = draft.rotary_emb(x[None], position_ids=pos)
-            per_kernel = draft._forward_per_kernel(x, cos, sin, T, draft.head_dim, mask[None, None], caches[1])
+            cos, sin = head.rotary_emb(x[None], position_ids=pos)       # the head's own, per call (the one-call
+            per_kernel = draft._forward_per_kernel(x, cos[0], sin[0], T, draft.head_dim, mask[None, None],
+                                                   caches[1])              # path reads a table of them)
             length += T
             assert torch.equal(one_call, per_kernel), (one_call - per_kernel).abs().max()
             a, b = caches[0].layers[0], caches[1].layers[0]
@@ -219,6 +221,69 @@ def test_attention_row_is_the_same_whether_unseen_keys_are_absent_or_masked():
         seen[0, :keys] = True
         assert torch.equal(alone, causal[i:i + 1])
         assert torch.equal(kernels.attention(q[i:i + 1], k, v, seen, 0.125), alone)
+
+
+def test_the_avx2_and_avx512_builds_give_the_same_bits(tmp_path):
+    """The kernels have one arithmetic per element on every ISA; the ISAs differ only in how
+    it is vectorised (AVX2's exp is written in ymm intrinsics, AVX-512's is a lane loop gcc
+    vectorises). Built both ways on this CPU, SwiGLU, attention (softmax numerators through
+    that exp, over large, small and masked scores) and a float32 linear give the same bits.
+    An AVX2-only machine runs the AVX2 build here against itself."""
+    import ctypes
+    import subprocess
+
+    builds = {}
+    for kind in dict.fromkeys(["avx2", kernels.isa()]):
+        out = tmp_path / f"rowwise-{kind}.so"
+        subprocess.run(kernels.command(kind, kernels.compiler(), out), check=True, capture_output=True)
+        builds[kind] = kernels.declare(ctypes.CDLL(str(out)), kind)
+    g = torch.Generator().manual_seed(5)
+    gate_up = torch.cat([torch.randn(3, 1536, generator=g) * 30, torch.randn(3, 1536, generator=g)], 1)
+    gate_up[0, :8] = torch.tensor([100.0, -100.0, 88.5, -87.5, 0.0, -0.0, 1e-30, float("-inf")])
+    q = torch.randn(4, 6, 64, generator=g) * 4
+    k, v = torch.randn(2, 40, 64, generator=g), torch.randn(2, 40, 64, generator=g)
+    seen = torch.rand(4, 40, generator=g) > 0.3
+    seen[:, 0] = True
+    w, x = torch.randn(100, 64, generator=g), torch.randn(7, 64, generator=g)
+    results = {}
+    try:
+        for kind, lib in builds.items():
+            kernels._lib = lib
+            results[kind] = [kernels.silu_mul(gate_up), kernels.attention(q, k, v, seen, 0.125),
+                             kernels.attention(q, k, v, None, 3.0), kernels.linear(x, kernels.Packed(w))]
+    finally:
+        kernels.reset()
+        kernels.load()
+    first, *others = results.values()
+    for other in others:
+        for a, b in zip(first, other):
+            assert torch.equal(a, b), (a - b).abs().max()
+
+
+@pytest.mark.parametrize("V", [49152, 8192, 33, 5])
+def test_argmax_and_top_probs_answer_as_torch_does(V):
+    """The greedy token (``verify.argmax`` -> ``kernels.argmax``) is torch.argmax's: the first
+    of tied maxima, a NaN or an infinity where there is one. ``kernels.top_probs`` gives
+    softmax's k best probabilities (the earlier index first on a tie) and the logsumexp."""
+    from app.engine import verify
+
+    kernels.load()
+    g = torch.Generator().manual_seed(V)
+    x = torch.randn(5, V, generator=g) * 5
+    x[1, 1] = x[1].max() + 1
+    x[1, V - 2] = x[1, 1]                                   # a tie: the first wins
+    x[2, V // 2] = float("nan")
+    x[3, 1], x[3, V - 1] = float("inf"), float("nan")       # the first special one
+    x[4, V - 1] = x[4].max() + 1                            # the maximum in the tail
+    for row in x:
+        assert kernels.argmax(row) == int(row.argmax()) == verify.argmax(row)
+    q, idx, lse = kernels.top_probs(x[[0, 1, 4]], 4)
+    assert torch.allclose(lse, torch.logsumexp(x[[0, 1, 4]], -1), rtol=1e-6)
+    probs = torch.softmax(x[[0, 1, 4]], -1)
+    assert torch.allclose(q, probs.gather(-1, idx), rtol=2e-6, atol=1e-9)
+    assert torch.equal(q, q.sort(-1, descending=True).values) and torch.equal(probs.topk(4).values.sort(-1).values,
+                                                                            probs.gather(-1, idx).sort(-1).values)
+    assert idx[1, 0] == 1 and idx[1, 1] == V - 2
 
 
 def test_a_rows_bits_do_not_depend_on_the_register_block_shape(tmp_path):

@@ -221,7 +221,7 @@ class Engine:
         logits = self.decoder.logits(hidden[0, -1])                                          # (V,)
         features = features.to(self.target.dtype)   # the fast forward's float32 -> the heads' dtype
         if sampling.greedy:
-            first = int(logits.argmax())
+            first = verify.argmax(logits)
         else:
             first = verify.sample(verify.logits_to_probs(logits, sampling), generator)
         clock.lap("verify")
@@ -421,11 +421,18 @@ class Engine:
         p_nodes: list[float] = []
         row_logits = verified.batch
         if len(tree):
+            # only the rows of nodes with children: a small tree's batch also holds its leaves
             where = {row: j for j, row in enumerate(verified.lm_rows)}
-            rows = torch.tensor([where[par + 1] for par in tree.parents], device=row_logits.device)
+            parent_rows = sorted({where[par + 1] for par in tree.parents})
+            at = {j: i for i, j in enumerate(parent_rows)}
+            row_logits = row_logits[parent_rows]                                                  # (P, V)
+            rows = torch.tensor([at[where[par + 1]] for par in tree.parents], device=row_logits.device)
             cols = torch.tensor(tree.tokens, device=row_logits.device)
-            if sampling.greedy:
-                p_nodes = torch.log_softmax(row_logits.float(), dim=-1)[rows, cols].exp().tolist()   # (R, V) -> (N,)
+            fast = kernels.top_probs(row_logits, 0) if sampling.greedy else None   # each row's logsumexp, in C
+            if fast is not None:
+                p_nodes = (row_logits[rows, cols] - fast[2][rows]).exp().tolist()                      # (N,)
+            elif sampling.greedy:
+                p_nodes = torch.log_softmax(row_logits.float(), dim=-1)[rows, cols].exp().tolist()   # (P, V) -> (N,)
             else:
                 p_nodes = verify.logits_to_probs(row_logits, sampling)[rows, cols].tolist()
         texts = self.target.tokenizer.batch_decode([[t] for t in tree.tokens]) if len(tree) else []

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from app.engine import kv, verify
+from app.engine import kernels, kv, verify
 from app.engine.config import SamplingConfig, TreeConfig
 from app.engine.run_state import _Run
 from app.engine.tree import ROOT, DraftTree, proposals_needed
@@ -112,8 +112,14 @@ class HeadDrafting:
                 q = torch.zeros(engine.lm_head.weight.shape[0], device=q.device).index_copy_(0, engine.draft_vocab, q)
             self.chain_q.append(q)
             return [[q_j]], [[tok]]
-        # q of the k best children: exp(logit - logsumexp), no full softmax written
-        top = torch.topk(draft_logits, min(self.k, draft_logits.shape[-1]), dim=-1)
-        q_top = torch.exp(top.values.float() - torch.logsumexp(draft_logits.float(), dim=-1, keepdim=True))
-        ids = top.indices if engine.draft_vocab is None else engine.draft_vocab[top.indices]
+        # q of the k best children: exp(logit - logsumexp), no full softmax written; in one
+        # C pass a row on the fast kernels (~10 against ~45 us for 8,192 logits)
+        fast = kernels.top_probs(draft_logits, self.k)
+        if fast is not None:
+            q_top, top_ids, _ = fast
+        else:
+            top = torch.topk(draft_logits, min(self.k, draft_logits.shape[-1]), dim=-1)
+            q_top = torch.exp(top.values.float() - torch.logsumexp(draft_logits.float(), dim=-1, keepdim=True))
+            top_ids = top.indices
+        ids = top_ids if engine.draft_vocab is None else engine.draft_vocab[top_ids]
         return q_top.tolist(), ids.tolist()

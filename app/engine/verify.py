@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import torch
 
+from app.engine import kernels
 from app.engine.config import SamplingConfig, TreeConfig
 from app.engine.events import GREEDY, RULES, SAMPLED_CHAIN, SAMPLED_TREE  # noqa: F401  (the rules' names)
 
@@ -86,12 +87,20 @@ def _uniform(generator: torch.Generator, device) -> float:
     return float(torch.rand((), generator=generator, device=device).item())
 
 
+def argmax(row: torch.Tensor) -> int:
+    """The target's greedy token for a row of logits (V,): torch.argmax's rule (the first
+    maximum), by the fast kernels where they run (~10 against ~60 us for 49,152 logits on
+    one CPU core), else by torch. Vanilla and EAGLE steps both come through here."""
+    best = kernels.argmax(row)
+    return int(row.argmax()) if best is None else best
+
+
 def greedy_verify(logits, tokens: list[int], children: list[list[int]]) -> tuple[list[int], int]:
     """logits[row] (V,). Walk down while a child equals the target's argmax."""
     path: list[int] = []
     row = 0
     while True:
-        best = int(logits[row].argmax())
+        best = argmax(logits[row])
         nxt = next((c for c in children[row] if tokens[c] == best), None)
         if nxt is None:
             return path, best

@@ -104,6 +104,34 @@ static inline float v_sum(v16 a) {
  * FMA), 2^n through the exponent bits. Relative error ~2e-7 on [-87, 88]; below -87 it
  * returns 0. The same instruction sequence for every lane, so a value does not depend on
  * where in a vector it sits. */
+#if !defined(__AVX512F__)
+/* AVX2: the same steps in ymm intrinsics. gcc left the lane loop below scalar for the
+ * two-ymm v16 (3.4 ns an element against 0.31 with AVX-512): on an AVX2 CPU the softmax
+ * numerators and SwiGLU of a forward spent ~0.6 ms a row at 500 cached positions. Each
+ * step is the loop's, element for element, so the bits are the same on both ISAs:
+ * min(88, x) and max(-87, v) keep a NaN as the loop's comparisons do, the rounding is
+ * to nearest even as nearbyintf's, and every fmaf is one FMA. */
+static inline __m256 exp8(__m256 x) {
+    const __m256 log2e = _mm256_set1_ps(1.44269504f), ln2_hi = _mm256_set1_ps(0.693359375f),
+                 ln2_lo = _mm256_set1_ps(-2.12194440e-4f);
+    __m256 v = _mm256_max_ps(_mm256_set1_ps(-87.0f), _mm256_min_ps(_mm256_set1_ps(88.0f), x));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(v, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 neg_n = _mm256_sub_ps(_mm256_setzero_ps(), n);
+    __m256 r = _mm256_fmadd_ps(neg_n, ln2_hi, v);
+    r = _mm256_fmadd_ps(neg_n, ln2_lo, r);
+    __m256 p = _mm256_set1_ps(1.3981999507e-3f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+    __m256 out = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    return _mm256_blendv_ps(out, _mm256_setzero_ps(), _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ));
+}
+static inline v16 v_exp(v16 x) { v16 r = {exp8(x.lo), exp8(x.hi)}; return r; }
+#else
 static inline v16 v_exp(v16 x) {
     const float LOG2E = 1.44269504f, LN2_HI = 0.693359375f, LN2_LO = -2.12194440e-4f;
     float xs[16], out[16];
@@ -128,6 +156,7 @@ static inline v16 v_exp(v16 x) {
     }
     return v_load(out);
 }
+#endif
 
 /* ---- linear ------------------------------------------------------------------------- */
 /* The weight W (N, K) is packed once (``pack`` in __init__.py) into groups of G output
@@ -742,4 +771,91 @@ void rowwise_keep_rows(float *const *buffers, int nbuf, long head_stride, int he
                 if (offsets[j] != j)
                     memmove(base + (long)(start + j) * d, base + (long)(start + offsets[j]) * d, sizeof(float) * d);
         }
+}
+
+/* ---- reductions over a row of logits ---------------------------------------------------- */
+/* Why by hand: torch's argmax over SmolLM2's 49,152 logits took ~55 us and its topk +
+ * logsumexp over the 8,192 draft logits ~45 us a row on one core; a greedy step does several
+ * of each, while these take a few microseconds. */
+
+/* The largest of x[0 .. V): its value, and whether x holds a NaN or an infinity (then the
+ * callers fall back to a plain scan). Any order finds the same maximum. */
+static float row_max(const float *x, int V, int *special) {
+    v16 m = v_set1(-INFINITY), z = v_zero();
+    int i = 0;
+    for (; i + 16 <= V; i += 16) {
+        v16 v = v_load(x + i);
+        m = v_max(m, v);
+        z = v_add(z, v_mul(v, v_zero()));             /* NaN iff some v is NaN or infinite */
+    }
+    float mx = v_hmax(m), zs = v_sum(z);
+    for (; i < V; i++) {
+        mx = x[i] > mx ? x[i] : mx;
+        zs += x[i] * 0.0f;
+    }
+    *special = zs != zs;
+    return mx;
+}
+
+/* out[r] = the index of the largest x[r][j], the first on a tie, a NaN counting as the
+ * largest (torch.argmax's rule), for n rows of V, row stride ldx. */
+void rowwise_argmax(const float *x, int n, long ldx, int V, long *out) {
+    for (int r = 0; r < n; r++) {
+        const float *xr = x + (long)r * ldx;
+        int special;
+        float mx = row_max(xr, V, &special);
+        long best = 0;
+        if (special) {                                /* a NaN or an infinity: torch's rule, element by element */
+            float bv = xr[0];
+            for (int j = 1; j < V && bv == bv; j++)
+                if (xr[j] > bv || xr[j] != xr[j]) { bv = xr[j]; best = j; }
+        } else {
+            while (xr[best] != mx) best++;            /* the first element equal to the maximum */
+        }
+        out[r] = best;
+    }
+}
+
+/* rowwise_argmax for one row, returned */
+long rowwise_argmax1(const float *x, int V) {
+    long out;
+    rowwise_argmax(x, 1, V, V, &out);
+    return out;
+}
+
+/* For n rows of V logits (row stride ldx): lse[r] = log(sum_j exp(x[r][j])), and the k largest
+ * (the earlier index first on a tie) as probabilities q = exp(x - lse) with their indices,
+ * best first. k may be 0 (only lse). The sum runs over 16 lanes in ascending chunks, then the
+ * fixed lane tree, so it does not depend on the other rows. */
+void rowwise_top_probs(const float *x, int n, long ldx, int V, int k, float *q, long *idx, float *lse) {
+    for (int r = 0; r < n; r++) {
+        const float *xr = x + (long)r * ldx;
+        int special;
+        float mx = row_max(xr, V, &special);
+        v16 acc = v_zero(), m = v_set1(mx);
+        int i = 0;
+        for (; i + 16 <= V; i += 16) acc = v_add(acc, v_exp(v_add(v_load(xr + i), v_neg(m))));
+        float s = v_sum(acc);
+        for (; i < V; i++) {
+            float pad[16], e[16];
+            for (int l = 0; l < 16; l++) pad[l] = l == 0 ? xr[i] - mx : 0.0f;
+            v_store(e, v_exp(v_load(pad)));
+            s += e[0];
+        }
+        float l = mx + logf(s);
+        lse[r] = l;
+        /* the k best, kept sorted: a later element enters only if strictly larger */
+        float *qv = q + (long)r * k;
+        long *qi = idx + (long)r * k;
+        int have = 0;
+        for (int j = 0; j < V && k > 0; j++) {
+            float v = xr[j];
+            if (have == k && !(v > qv[k - 1])) continue;
+            int at = have < k ? have++ : k - 1;
+            while (at > 0 && v > qv[at - 1]) { qv[at] = qv[at - 1]; qi[at] = qi[at - 1]; at--; }
+            qv[at] = v;
+            qi[at] = j;
+        }
+        for (int t = 0; t < have; t++) qv[t] = expf(qv[t] - l);
+    }
 }
