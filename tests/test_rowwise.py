@@ -170,6 +170,32 @@ def test_the_heads_one_call_layer_is_its_per_kernel_forward_bit_for_bit(dtype):
             assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values) and a.length == length
 
 
+def test_one_decoder_serves_two_caches_in_turn():
+    """The C layers point at a cache's buffers until another cache (or a grown one) comes: a
+    page racing two runs on one target alternates caches step by step. Interleaved, each run
+    computes what it computes alone."""
+    target = tiny_target(seed=9, layers=2)
+    decoder = forward.decoder_forward(target)
+    assert isinstance(decoder, RowwiseLlamaDecoder)
+    prompts = (torch.tensor([[5, 6, 7, 8, 9]]), torch.tensor([[40, 41, 42]]))
+
+    def steps(cache, prompt, i):
+        m = prompt.shape[1]
+        if i == 0:
+            return decoder.prefill(prompt, cache)
+        return decoder(torch.tensor([[10 + i]]), torch.tensor([[m + i - 1]]), None, cache)
+
+    with torch.inference_mode():
+        alone = []
+        for prompt, capacity in zip(prompts, (4, 64)):
+            cache = kv.preallocated_cache(target.model, capacity)
+            alone.append([steps(cache, prompt, i).clone() for i in range(6)])
+        caches = [kv.preallocated_cache(target.model, 4), kv.preallocated_cache(target.model, 64)]
+        for i in range(6):
+            for r in range(2):
+                assert torch.equal(steps(caches[r], prompts[r], i), alone[r][i]), (r, i)
+
+
 def answer(engine, tree, n, prompt=None, prompt_ids=None) -> list[int]:
     events = list(engine.generate(prompt, prompt_ids=prompt_ids, tree=tree, sampling=SamplingConfig(temperature=0.0),
                                   max_new_tokens=n))

@@ -51,7 +51,7 @@ from app.engine.drafters.pld import NgramIndex
 from app.engine.head_draft import HeadDrafting, read_pending
 from app.engine.loading import Target
 from app.engine.rowwise import RowwiseDraftHead, RowwiseLlamaDecoder
-from app.engine.run_state import PhaseClock, _Run, _Verified
+from app.engine.run_state import PhaseClock, TextStream, _Run, _Verified
 from app.engine.tree import DraftTree, grow_tree, tree_attention_mask
 
 
@@ -230,10 +230,11 @@ class Engine:
                    draft_cache=kv.preallocated_cache(None, capacity) if uses_draft else None,
                    pending_features=features if uses_draft else None,
                    pending_tokens=list(prompt_ids[1:]) + [first] if uses_draft else [], generator=generator)
-        run.text = self.decode([first])
+        run.stream = TextStream(self.decode)
+        text = run.stream.push([first], final=first in self.eos_ids or max_new_tokens <= 1)
         run.drafter = drafters.start(self, tree, prompt_ids, features)
         event = StepEvent(step=0, method=tree.method, tree=None, accepted=[], bonus=first, new_tokens=[first],
-                          text=run.text, rule=verify.rule_for(None, sampling), drafter=None, tree_config=None,
+                          text=text, rule=verify.rule_for(None, sampling), drafter=None, tree_config=None,
                           prefill=True, draft_ms=0.0, verify_ms=clock.ms["verify"], step_ms=clock.total_ms)
         return run, event
 
@@ -399,8 +400,8 @@ class Engine:
                 new_tokens = new_tokens[: j + 1]
                 break
         run.tokens.extend(accepted + [bonus])
-        full = self.decode(generated + new_tokens)   # decoding the whole answer keeps multi-token characters intact
-        text, run.text = full[len(run.text):], full
+        final = len(new_tokens) >= budget or new_tokens[-1] in self.eos_ids     # the answer's last step
+        text = run.stream.push(new_tokens, final=final)
         return accepted[: len(new_tokens)], new_tokens, text
 
     # --- record -----------------------------------------------------------------------------

@@ -88,10 +88,11 @@ class RowwiseLlamaDecoder(FusedLlamaDecoder):
             c.wbf16 = w["qkv"].bf16
             assert w["qkv"].bf16 == w["o"].bf16 == w["gate_up"].bf16 == w["down"].bf16
         self._rope = RopeTable(self.body.rotary_emb, self.head_dim)
+        self._buffers: list[tuple[int, int, int]] = []   # the cache buffers the C layers point at, and their stride
 
     def __call__(self, ids, positions, mask, cache, layers: tuple[int, ...] = ()):
         n = ids.shape[1]
-        x = self.body.embed_tokens(ids)[0].float().contiguous()               # (n, H)
+        x = self.body.embed_tokens.weight.index_select(0, ids[0]).float()      # (n, H), a new contiguous tensor
         cos, sin = self._rope(positions)                                        # (n, d)
         keep = None if mask is None else mask[0, 0].to(torch.uint8).contiguous()   # (n, L), once for all layers
         slots = kv.reserve(cache, n, self.kv_heads, self.head_dim) if self.one_call else None
@@ -101,9 +102,13 @@ class RowwiseLlamaDecoder(FusedLlamaDecoder):
         # reserved above (positions [cached, cached + n) of every layer)
         assert len(slots) == len(self.layers) and len({start for start, _, _ in slots}) == 1
         cached = slots[0][0]
-        for c, (_, keys, values) in zip(self._c_layers, slots):
-            assert keys.device.type == "cpu" and keys.shape[0] == 1 and keys.is_contiguous() and keys.dtype == torch.float32
-            c.keys, c.values, c.kv_head = keys.data_ptr(), values.data_ptr(), keys.stride(1)
+        buffers = [(keys.data_ptr(), values.data_ptr(), keys.stride(1)) for _, keys, values in slots]
+        if buffers != self._buffers:            # a new cache, or one that grew: point the layers at its buffers
+            for c, (_, keys, values) in zip(self._c_layers, slots):
+                assert keys.device.type == "cpu" and keys.shape[0] == 1 and keys.is_contiguous() \
+                    and keys.dtype == torch.float32 and values.shape == keys.shape and values.is_contiguous()
+                c.keys, c.values, c.kv_head = keys.data_ptr(), values.data_ptr(), keys.stride(1)
+            self._buffers = buffers
         tap = taps = None
         if layers:
             slot = {layer: s for s, layer in enumerate(layers)}
@@ -163,12 +168,15 @@ class RopeTable:
         self._cos = self._sin = torch.empty(0, device="cpu")
 
     def __call__(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        need = int(positions.max()) + 1
+        pos = positions[0].tolist()
+        need = max(pos) + 1
         if need > self._cos.shape[0]:
             size = max(256, 1 << (need - 1).bit_length())
             probe = torch.zeros(1, 1, self.head_dim, device="cpu")
             cos, sin = self.rotary_emb(probe, torch.arange(size, device="cpu")[None])
             self._cos, self._sin = cos[0].float(), sin[0].float()                 # (size, d)
+        if pos == list(range(pos[0], pos[0] + len(pos))):      # a run of positions (a decode step, a prefill)
+            return self._cos[pos[0]:need], self._sin[pos[0]:need]                # views, contiguous
         return self._cos[positions[0]].contiguous(), self._sin[positions[0]].contiguous()
 
 

@@ -30,9 +30,42 @@ class _Run:
                                            # (EAGLE-3: (1, P, 3H), the target's low/mid/high layers)
     pending_tokens: list[int]          # the P tokens x[j+1] of those pairs
     generator: torch.Generator
-    text: str = ""                     # decoded generated text so far (so each step decodes once)
+    stream: "TextStream | None" = None   # the generated text, decoded step by step
     drafter: object | None = None      # pld / lookahead / medusa: their per-run state (app/engine/drafters)
     lookup: object | None = None       # the n-gram index of ``tokens`` for TreeConfig.lookup (drafters.pld.NgramIndex)
+
+
+class TextStream:
+    """The generated text, one step's new part at a time, decoding only the answer's last
+    few tokens.
+
+    Decoding the whole answer at every step costs O(length) a step (~0.05 ms at 128 tokens
+    with SmolLM2's tokenizer, ~0.5 ms at 1,000). Here a step decodes the tokens since
+    ``start`` (those of the step before, and its own) twice, with and without its own, and
+    emits what they add. A text that ends inside a character (a multi-byte character split
+    across tokens decodes to U+FFFD) is held back until the character is whole, or until the
+    answer ends (``final``); decoding from an earlier step's end also keeps a tokenizer that
+    drops a leading space from dropping one mid-answer. The steps' texts add up to the
+    decode of the whole answer."""
+
+    def __init__(self, decode):
+        self.decode = decode               # ids -> text (skipping special tokens)
+        self.ids: list[int] = []
+        self.start = 0                     # decode windows begin here: the end of the text emitted before last
+        self.done = 0                      # the text of ids[:done] has been emitted
+        self.text = ""                     # all of it
+
+    def push(self, ids: list[int], final: bool = False) -> str:
+        """Append a step's tokens; returns the text they complete."""
+        self.ids.extend(ids)
+        before = self.decode(self.ids[self.start:self.done])
+        after = self.decode(self.ids[self.start:])
+        if len(after) <= len(before) or (after.endswith("\ufffd") and not final):
+            return ""
+        new = after[len(before):]
+        self.start, self.done = self.done, len(self.ids)
+        self.text += new
+        return new
 
 
 @dataclass
