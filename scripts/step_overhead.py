@@ -1,0 +1,68 @@
+"""A decoding step's time outside the C kernels: the Python and torch glue around them.
+
+On the fast forward a step is one C call for the target's decoder stack, a few for LM heads
+and the head's layer, and everything else in Python: building the tree, masks, the cache's
+bookkeeping, acceptance, the step record, the text. That part is CPU-bound and steadier
+than the memory-bound kernels on a shared machine, so it is what this measures: each
+kernel call is timed, and the rest of the step is reported beside it.
+
+    python scripts/step_overhead.py --method vanilla
+    python scripts/step_overhead.py --method eagle        # 3/2/2 + a prompt-lookup branch of 3
+    # another revision, interleaved with this one by the shell:
+    git worktree add /tmp/base <rev> && python scripts/step_overhead.py --root /tmp/base
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+PROMPTS = ["Explain how a bicycle works, step by step.", "Write a short poem about the sea.",
+           "What is 17 times 23? Show your work.", "Summarize the plot of Hamlet in a paragraph."]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--method", choices=["vanilla", "eagle"], default="eagle")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--root", default=str(Path(__file__).resolve().parents[1]),
+                   help="the checkout whose app/ to import (a git worktree of another revision)")
+    args = p.parse_args()
+    sys.path.insert(0, args.root)
+    import torch
+
+    from app.engine import kernels
+    from app.engine.config import TreeConfig
+    from app.engine.factory import load_engine
+
+    torch.set_num_threads(1)
+    inside = [0.0]
+
+    def timed(f):
+        def call(*a, **k):
+            t = time.perf_counter()
+            try:
+                return f(*a, **k)
+            finally:
+                inside[0] += time.perf_counter() - t
+        return call
+
+    for name in ("decoder", "linear", "attention", "rms_norm", "silu_mul", "rope_"):
+        setattr(kernels, name, timed(getattr(kernels, name)))
+    engine, _ = load_engine(dtype="bfloat16")
+    tree = (TreeConfig(method="vanilla") if args.method == "vanilla"
+            else TreeConfig(method="dynamic", total_tokens=3, depth=2, top_k=2, lookup=3))
+    list(engine.generate(PROMPTS[0], tree=tree, max_new_tokens=16))          # warm-up
+    inside[0], steps, t = 0.0, 0, time.perf_counter()
+    for prompt in PROMPTS:
+        steps += sum(1 for _ in engine.generate(prompt, tree=tree, max_new_tokens=args.max_new_tokens))
+    total = time.perf_counter() - t
+    print(f"{args.method} ({os.path.basename(args.root.rstrip('/'))}): {steps} steps, {total / steps * 1e3:.2f} ms a step, "
+          f"{inside[0] / steps * 1e3:.2f} in kernels, {(total - inside[0]) / steps * 1e3:.2f} outside; "
+          f"load average {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
