@@ -242,8 +242,7 @@ class RowwiseDraftHead:
             c.keys, c.values, c.kv_head = keys.data_ptr(), values.data_ptr(), keys.stride(1)
             keep = None if attention_mask is None else attention_mask[0, 0].to(torch.uint8).contiguous()   # (T, S)
             out = kernels.decoder(x.contiguous(), self._c_layer, self.heads, self.kv_heads, d, self.inner,
-                                  cos, sin, cached, keep,
-                                  None, None, None, 0.0)
+                                  cos, sin, cached, keep, tap=None, taps=None, final_norm=None, final_eps=0.0)
             return out[None]                                                              # (1, T, H) float32
         if slots is not None:                       # reserved for a cache in another dtype: undo, take the path below
             kv.crop(cache, slots[0][0])

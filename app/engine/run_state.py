@@ -30,7 +30,7 @@ class _Run:
                                            # (EAGLE-3: (1, P, 3H), the target's low/mid/high layers)
     pending_tokens: list[int]          # the P tokens x[j+1] of those pairs
     generator: torch.Generator
-    stream: "TextStream | None" = None   # the generated text, decoded step by step
+    stream: TextStream | None = None   # the generated text, decoded step by step (set by the prefill)
     drafter: object | None = None      # pld / lookahead / medusa: their per-run state (app/engine/drafters)
     lookup: object | None = None       # the n-gram index of ``tokens`` for TreeConfig.lookup (drafters.pld.NgramIndex)
 
