@@ -19,6 +19,7 @@ from app.ui import traces
 from app.ui.blocks import build_demo, demo_traces, launch_kwargs
 from app.ui.explain import TOUR_STEPS
 from app.ui.settings import AppContext, ServerConfig
+from tests.tiny import PacedEngine
 
 pytestmark = pytest.mark.slow
 
@@ -62,7 +63,7 @@ def url(tiny):
     choice = choose_from(CPU, big_tree_calibration()).to_dict()
     # paced at 50 steps/s: on the fast forward the tiny model could finish 200 tokens before a
     # click on Stop arrived, so whether "stopped after" showed depended on the machine's load
-    with _serve(AppContext(_PacedEngine(target, head, pace_s=0.02), config, "tiny test model", tree_choice=choice),
+    with _serve(AppContext(PacedEngine(target, head, pace_s=0.02), config, "tiny test model", tree_choice=choice),
                 demos=demo_traces()) as local_url:
         yield local_url
 
@@ -84,6 +85,29 @@ def _open_settings(page) -> None:
         page.locator("#settings-btn").click()
     page.wait_for_function("(() => { const b = document.querySelector('#method')?.getBoundingClientRect();"
                            " return b && b.left >= 0; })")
+
+
+def _type_tree_knob(page, knob: str, value: str, key: str = "Enter") -> None:
+    """Type ``value`` into a tree knob's box, and wait until the page holds it: the preset
+    menu follows a knob moved by hand (``name_preset``) from the page's state, not from the
+    box. Right after its accordion opens, Gradio can still re-create a box, and text typed
+    into the old one is lost (the run then went ahead with the old value); so type again."""
+    from playwright.sync_api import expect
+
+    field = page.locator(f"#{knob} input[type=number]")
+    menu = page.locator("#tree-preset input")
+    for _ in range(5):
+        before = menu.input_value()
+        field.fill(value)
+        field.press(key)
+        try:
+            # the menu moves off the entry it named (every test value here leaves it)
+            expect(menu).not_to_have_value(before, timeout=3000)
+            expect(field).to_have_value(value, timeout=1000)
+            return
+        except AssertionError:
+            continue
+    raise AssertionError(f"{knob}: the page never took {value!r}")
 
 
 def _close_settings(page) -> None:
@@ -133,11 +157,9 @@ def test_browser_generate_replay_stop_and_traces(url, tmp_path):
         expect(page.locator("#total-tokens input[type=number]")).to_have_value("60")
         expect(page.locator("#top-k input[type=number]")).to_have_value("10")
         # moved by hand, the knobs no longer hold that tree, and the menu says so (and back)
-        page.locator("#total-tokens input[type=number]").fill("59")
-        page.locator("#total-tokens input[type=number]").press("Enter")
+        _type_tree_knob(page, "total-tokens", "59")
         expect(page.locator("#tree-preset input")).to_have_value("custom (the knobs as you set them)")
-        page.locator("#total-tokens input[type=number]").fill("60")
-        page.locator("#total-tokens input[type=number]").press("Enter")
+        _type_tree_knob(page, "total-tokens", "60")
         expect(page.locator("#tree-preset input")).to_have_value("EAGLE-2 paper, GPU (60 / 5 / 10)")
         page.locator("#tree-preset input").click()
         page.get_by_role("option", name="the page's default tree").click()
@@ -453,35 +475,6 @@ def test_classroom_screen_demo_settings_views_and_ab(url):
     assert errors == []
 
 
-class _PacedEngine(Engine):
-    """The tiny engine, paced at 5 steps/s (slower than the embedded model on a CPU), so a run
-    lasts long enough for a visitor to leave in the middle of it."""
-
-    def __init__(self, target, head, pace_s: float = 0.2):
-        super().__init__(target, head)
-        self.pace_s = pace_s
-        self.runs = []          # per run: [steps yielded, closed early?]
-
-    def generate(self, *args, **kwargs):
-        import time
-
-        inner = super().generate(*args, **kwargs)
-        record = [0, False]
-        self.runs.append(record)
-
-        def paced():
-            try:
-                for event in inner:
-                    time.sleep(self.pace_s)
-                    record[0] += 1
-                    yield event
-            finally:
-                record[1] = inner.gi_frame is not None   # still suspended = stopped mid-run
-                inner.close()
-
-        return paced()
-
-
 @pytest.mark.skipif(not shutil.which(CHROMIUM) and not os.path.exists(CHROMIUM), reason="chromium not installed")
 def test_closing_the_tab_stops_the_run(tiny):
     """A visitor who closes the tab mid-generation must not keep the model busy: the server
@@ -493,7 +486,7 @@ def test_closing_the_tab_stops_the_run(tiny):
     expect.set_options(timeout=EXPECT_TIMEOUT_MS)
 
     target, head = tiny
-    engine = _PacedEngine(target, head)
+    engine = PacedEngine(target, head)
     config = ServerConfig(max_new_tokens=200)
     ctx = AppContext(engine, config, "tiny test model")
     with _serve(ctx) as local_url:
@@ -826,9 +819,7 @@ def test_projector_words_titles_and_refusals(url):
         _open_settings(page)
         page.get_by_text("Tree knobs").click()
         field = page.locator("#total-tokens input[type=number]")
-        field.fill("500")
-        field.press("Tab")
-        page.wait_for_timeout(500)      # the field's change reaches the page's state before the click
+        _type_tree_knob(page, "total-tokens", "500", key="Tab")
         page.locator("#generate-btn").click()
         # the refusal names the page's range, under the field and/or by the prompt
         expect(page.locator("#total-tokens, #prompt").filter(has_text="[1, 128]").first).to_be_visible()

@@ -12,6 +12,7 @@ from app.engine.config import TreeConfig
 from app.engine.engine import Engine
 from app.ui.blocks import build_demo, launch_kwargs
 from app.ui.settings import AppContext, ServerConfig
+from tests.tiny import PacedEngine
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +33,9 @@ def server(tiny):
     target, head = tiny
     config = ServerConfig(max_new_tokens=128, max_prompt_chars=5000, queue_size=16,
                           update_interval_s=0.05)   # the tiny model decodes ~100x faster than a real one
-    demo = build_demo(AppContext(Engine(target, head), config, "tiny test model"), demos={})
+    # paced at 100 steps/s: unpaced, a 120-token race could end (~0.1 s) while the page's first
+    # view was still being sent, and a test saw streaming or a Stop only on a slow machine
+    demo = build_demo(AppContext(PacedEngine(target, head, pace_s=0.01), config, "tiny test model"), demos={})
     _, url, _ = demo.launch(server_name="127.0.0.1", prevent_thread_lock=True, quiet=True,
                             **launch_kwargs(config))
     yield url
@@ -54,8 +57,8 @@ def test_generate_is_a_named_api(client):
 
 
 def test_streamed_generation_ends_with_a_speedup(client):
-    # 120 tokens: long enough that the tiny model's run outlasts the first update (at 24 tokens
-    # it can finish while the page's first view, with every panel, is being sent)
+    # 120 tokens at the server's pace: the race lasts >= 1.2 s (its vanilla half alone takes
+    # 120 paced steps), many times the update interval and the first view's sending
     job = client.submit(prompt=PROMPTS[0], method="dynamic", max_new_tokens=120, temperature=0.0, **FAST,
                         api_name="/generate")
     final = job.result(timeout=300)

@@ -3,10 +3,13 @@ tokenizer built in memory, and an EAGLE head (random, or briefly trained on the 
 greedy outputs so that trees actually get accepted)."""
 from __future__ import annotations
 
+import time
+
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, decoders
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from app.engine.engine import Engine
 from app.engine.heads.eagle import DraftHead, head_config_for
 from app.engine.loading import Target
 
@@ -125,3 +128,33 @@ def trained_eagle3_head(target: Target, seed: int = 0, steps: int = 100, seqs: i
         loss.backward()
         opt.step()
     return head.eval()
+
+
+class PacedEngine(Engine):
+    """The tiny engine, paced: every step waits ``pace_s`` first (0.2 s: slower than the
+    embedded model on a CPU). The tiny model decodes ~100x faster than a real one, so without
+    a pace a run can end before a page's first update, a click on Stop or a closed tab reaches
+    it, and whether a test saw streaming, a stop or a leaving visitor would depend on the
+    machine's speed and load."""
+
+    def __init__(self, target, head, pace_s: float = 0.2):
+        super().__init__(target, head)
+        self.pace_s = pace_s
+        self.runs = []          # per run: [steps yielded, closed early?]
+
+    def generate(self, *args, **kwargs):
+        inner = super().generate(*args, **kwargs)
+        record = [0, False]
+        self.runs.append(record)
+
+        def paced():
+            try:
+                for event in inner:
+                    time.sleep(self.pace_s)
+                    record[0] += 1
+                    yield event
+            finally:
+                record[1] = inner.gi_frame is not None   # still suspended = stopped mid-run
+                inner.close()
+
+        return paced()
