@@ -739,8 +739,13 @@ def test_an_adaptive_run_changes_its_tree_and_the_step_account_says_so(ctx):
     assert "measure" in text                     # the adapter's reason: a first try measures a candidate
     assert session.summary.token_ids == session.race_vanilla.summary.token_ids
     assert "identical" in views[-1]["speedup"]
-    unchanged = next(i for i in range(2, len(steps)) if i not in changed)
-    assert ", was " not in handlers.step_view(session, unchanged)["phases"]
+    # a step that kept its tree says nothing of a change: the adapter picks by measured speed,
+    # so on some machines every step of this run changes; a fixed tree's steps never do
+    fixed = Session()
+    list(handlers.generate(ctx, fixed, **{**BASE, "max_new_tokens": 8}))
+    assert fixed.adapter is None
+    for i in range(1, len(fixed.steps)):
+        assert ", was " not in handlers.step_view(fixed, i)["phases"]
 
 
 def test_steps_are_numbered_from_one_after_the_prefill(finished):
