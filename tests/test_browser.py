@@ -241,6 +241,9 @@ def test_browser_generate_replay_stop_and_traces(url, tmp_path):
         expect(page.locator("#status")).to_contain_text("decoding with", timeout=240_000)
         page.locator("#stop-btn").click()
         expect(page.locator("#status")).to_contain_text("stopped after")
+        # and it stays: the run's own last update arrives after Stop's reply, and says the same
+        page.wait_for_timeout(1500)
+        expect(page.locator("#status")).to_contain_text("stopped after", timeout=1)
         # what was produced stays on screen: the text so far and the last step's tree
         expect(page.locator("#token-stream .tok").first).to_be_visible()
         _wait_for_tree(page)

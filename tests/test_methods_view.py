@@ -99,8 +99,9 @@ def test_a_stopped_comparison_ends_at_its_next_update(ctx):
     session = Session()
     gen = methods.compare_methods(ctx, session, PROMPT, ["vanilla", "pld"], 64)
     next(gen)
-    session.stop_requested = True
-    assert list(gen) == []
+    session.request_stop()
+    views = list(gen)
+    assert len(views) == 1 and views[0]["methods_status"].startswith("stopped")
 
 
 @pytest.mark.parametrize("chosen, message", [

@@ -166,9 +166,10 @@ def test_stop_ends_step_mode_and_frees_the_run(ctx):
 
 @pytest.mark.parametrize("phase", ["decoding with", "vanilla racing alongside"])
 def test_stop_is_the_last_word(ctx, phase):
-    """Stop in either phase: once ``stop`` returns, the running handler has ended and yields
-    nothing more, so no late "decoding…" update can overwrite "stopped after" on the page.
-    The consumer thread plays Gradio: it pulls views and is paused inside the phase."""
+    """Stop in either phase: once ``stop`` returns, the running handler has ended, and its one
+    last update is Stop's own view, so whichever of the two reaches the page last, it says
+    "stopped after" (no late "decoding…"). The consumer thread plays Gradio: it pulls views
+    and is paused inside the phase."""
     import threading
 
     session, views = Session(), []
@@ -194,12 +195,30 @@ def test_stop_is_the_last_word(ctx, phase):
     stopper.join(30)
     consumer.join(30)
     assert not stopper.is_alive() and not consumer.is_alive() and not session.busy
-    assert len(views) == n             # not one view after Stop
+    assert len(views) == n + 1         # one view after Stop: Stop's own
     assert result["status"].startswith("stopped after")
+    assert views[-1]["status"] == result["status"] and views[-1]["stream"] == result["stream"]
     assert session.race_vanilla is None and session.trace_path is None   # the race never finished
     if session.summary is not None:     # EAGLE had finished, vanilla had not
         assert "vanilla race was not finished" in result["status"]
     assert ctx.engine_thread.wait_idle(10)   # the engine thread let go of the model
+
+
+def test_a_run_stopped_while_queued_never_starts(ctx):
+    """Stop pressed while the visitor's Generate waits in the queue (another visitor holds the
+    engine): when its turn comes, it ends at once, the run on screen stays, and the next
+    Generate runs as usual."""
+    session = Session()
+    list(handlers.generate(ctx, session, **{**BASE, "max_new_tokens": 8}))
+    shown = list(session.steps)
+    request = handlers.check_generate(ctx, {**BASE, "max_new_tokens": 8})
+    session.submitted()                 # the click (the page's validator)...
+    handlers.stop(session)              # ...then Stop, before the event started
+    views = list(handlers.generate(ctx, session, request=request, **BASE))
+    assert views == [{"status": "stopped before it started (it was waiting for the engine)."}]
+    assert session.steps == shown and not session.busy
+    views = list(handlers.generate(ctx, session, **{**BASE, "max_new_tokens": 8}))
+    assert views[-1]["status"].startswith("done") and session.steps != shown
 
 
 def test_stop_is_noticed_while_the_engine_is_silent(ctx):

@@ -130,6 +130,8 @@ def compare_methods(ctx: AppContext, session: Session, prompt, methods, max_new_
     """Run the chosen methods on one prompt in turns and yield the view as they go; Stop
     (``session.stop_requested``) ends it at the next update. ``checked``: ``check_compare``'s
     result when the page's validator already ran it."""
+    if checked is None:
+        session.submitted()     # not through the page's validator, which does this at the click
     request, methods = checked or check_compare(ctx, prompt, methods, max_new_tokens)
     with session.running():
         runs = {m: engine_for(ctx, m).generate(prompt_ids=request.prompt_ids, tree=method_tree(ctx, m),
@@ -148,6 +150,7 @@ def compare_methods(ctx: AppContext, session: Session, prompt, methods, max_new_
             yield methods_view(steps, summaries, f"prefill of {len(methods)} runs…", final=False)
             for batch in run.batches(ctx.update_interval):
                 if session.stop_requested:
+                    yield methods_view(steps, summaries, "stopped; what ran so far is above.", final=False)
                     return
                 for method, ev in batch:
                     if ev.type == "summary":

@@ -56,6 +56,8 @@ class Session:
     # Stop. Plain flags, not threading primitives: gr.State deep-copies its initial value.
     busy: bool = False                                # a Generate / Step / Explore handler is running
     stop_requested: bool = False                      # Stop was pressed; that handler ends at its next update
+    stops: int = 0                                    # Stop presses so far
+    stops_seen: int = 0                               # ... when the latest engine event was submitted (``submitted``)
     expired: str = ""                                 # why the server ended this visitor's paused run (limits.PausedRuns)
     records_shared: bool = False                      # the records are a shipped demo's, shared by every session
     _bytes_key: tuple = ()                            # limits.session_bytes' cache: its estimate of the records held
@@ -85,10 +87,22 @@ class Session:
                 self.stepper, self.stepper_request = None, None     # it was closed meanwhile: nothing to resume
             raise
 
+    def submitted(self) -> None:
+        """An engine event of this visitor was submitted (its validator runs at the click): a
+        Stop pressed after this and before the event starts ends it as it starts."""
+        self.stops_seen = self.stops
+
+    def request_stop(self) -> None:
+        """Stop: the running handler ends at its next update, and one still waiting in the
+        queue ends as it starts."""
+        self.stops += 1
+        self.stop_requested = True
+
     @contextmanager
     def running(self):
-        """Mark a handler as running for this visitor; Stop waits for it to end (``wait_idle``)."""
-        self.busy, self.stop_requested = True, False
+        """Mark a handler as running for this visitor; Stop waits for it to end (``wait_idle``).
+        It starts stopped if Stop was pressed while it waited in the queue."""
+        self.busy, self.stop_requested = True, self.stops > self.stops_seen
         try:
             yield
         finally:

@@ -29,8 +29,9 @@ this module            ``wire``, ``build_demo``, ``launch_kwargs`` and the queue
 
 Reliability (one model, many visitors): every event that runs the engine shares one worker
 (``concurrency_id="engine"``, limit 1), the queue is bounded, each visitor's data lives in
-their own ``gr.State``, and Stop cancels the running event (its generator is closed, which
-closes the engine's iterator: generation ends after the current step).
+their own ``gr.State``, and Stop asks the visitor's running event to end at its next update
+(the engine's iterator is closed: generation ends after the current step) and a queued one
+not to start.
 """
 from __future__ import annotations
 
@@ -101,8 +102,8 @@ def launch_kwargs(config: ServerConfig) -> dict:
 
 def wire(demo: gr.Blocks, c: Components, ctx: AppContext, demos: dict[str, str]) -> None:
     """Every event of the page, inside ``demo``'s context."""
-    engine_events = wire_engine(c, ctx)
-    wire_stop(c, engine_events)
+    wire_engine(c, ctx)
+    wire_stop(c)
     wire_knobs(c, ctx.tree_defaults)
     wire_replay_and_traces(demo, c, ctx, demos)
     wire_autoplay(c)

@@ -15,6 +15,7 @@ from app.engine.spec import SETTINGS
 from app.ui import handlers, methods
 from app.ui.handlers import ExploreView, RunView
 from app.ui.requests import SETTING_NAMES, TREE_KNOBS, Checked
+from app.ui.session import Session
 from app.ui.settings import gpu
 from app.viz.safe import page_message
 
@@ -64,7 +65,7 @@ def page_errors():
 
 def _stream(gen, names):
     """Run a handler generator, mapping views to outputs and ValueErrors to page messages.
-    ``finally`` closes the handler at once when Gradio cancels this event (Stop, closed tab).
+    ``finally`` closes the handler at once when Gradio drops this event (a closed tab).
 
     An output that a view leaves out gets its last value again, not ``gr.skip()``: Gradio
     treats a skip as a property update and rebuilds that component's config, JSON schema
@@ -136,6 +137,8 @@ def settings_validator(check, names: tuple, checked: Checked):
     without validating again. A problem of no one input is left to the event."""
 
     def validate(*values):
+        if isinstance(values[-1], Session):
+            values[-1].submitted()               # a Stop from now on ends this event, even while queued
         values = list(values[:len(names) - 1])   # the last input is the session
         try:
             result, problems = handlers.judge(lambda: check(*values), names)

@@ -33,7 +33,7 @@ def make_explore(ctx: AppContext, checked: Checked):
 
 def wire_explore(c: Components, ctx: AppContext, checked: Checked, engine_events: dict):
     """Run sweep: validated once in its validator (``checked`` is shared with Generate's, see
-    ``run.wire_engine``), then run on the engine's worker. Returns the event, for Stop to cancel."""
+    ``run.wire_engine``), then run on the engine's worker. Returns the event."""
     def check_explore(*values):
         return handlers.check_explore(ctx, *values[:4], dict(zip(SETTING_NAMES, values[4:])))
 

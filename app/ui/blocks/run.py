@@ -1,6 +1,6 @@
 """Generate (button and Enter), Step (step mode) and Stop: the events that run the model, with
 the method comparison (``compare_methods.py``) and the explorer (``explorer.py``) on the same
-worker, which Stop cancels."""
+worker. Stop asks the visitor's running (or queued) event to end (``Session.request_stop``)."""
 from __future__ import annotations
 
 from app.ui import handlers
@@ -38,7 +38,7 @@ def make_generate(ctx: AppContext, checked: Checked):
 def wire_engine(c: Components, ctx: AppContext) -> list:
     """Generate (button and Enter), Step and the explorer: the events that run the model, on
     one worker (``ENGINE``). Each validates its inputs once, in its validator (see
-    ``settings_validator``). Returns the events, for Stop to cancel."""
+    ``settings_validator``). Returns the events."""
     checked = Checked()
     run_outputs = c.views(RUN_VIEWS)
     # preprocess=False: the raw JSON values reach the handlers, whose own validation names
@@ -66,8 +66,11 @@ def wire_engine(c: Components, ctx: AppContext) -> list:
     return events
 
 
-def wire_stop(c: Components, engine_events: list) -> None:
+def wire_stop(c: Components) -> None:
     def stop(session: Session):
         return _once(lambda: handlers.stop(session), RUN_VIEWS)
 
-    c.stop_btn.click(stop, [c.session], c.views(RUN_VIEWS), api_name="stop", cancels=engine_events)
+    # Not ``cancels=``: a cancelled event's completion can reach the page after Stop's reply and
+    # redraw its last live update ("decoding…") over it. The handlers end themselves instead,
+    # with Stop's view as their last update (handlers.run._ends_stopped).
+    c.stop_btn.click(stop, [c.session], c.views(RUN_VIEWS), api_name="stop")

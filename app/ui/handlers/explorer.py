@@ -98,6 +98,7 @@ def explore(ctx: AppContext, session: Session, knob, start, stop, count, sweep: 
     """Run the prompt once per value of one knob (a tree knob or the temperature); plot τ and
     tokens/s against it. ``sweep``: these inputs as already validated (``check_explore``)."""
     if sweep is None:
+        session.submitted()     # not through the page's validator, which does this at the click
         sweep = check_explore(ctx, knob, start, stop, count, raw)
     with session.running():
         yield from _explore(ctx, session, sweep)

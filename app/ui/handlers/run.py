@@ -120,16 +120,39 @@ def generate(ctx: AppContext, session: Session, step_mode: bool = False, race: b
              request: Request | None = None, **raw):
     """Generate: stream the EAGLE run with a fresh vanilla run interleaved in chunks (the race;
     ``race=False`` skips it). Stop sets ``session.stop_requested``, which ends this generator
-    at its next update; closing it (Gradio's cancel, a closed tab) does the same. Either way
-    the engine's thread ends generation after the current step.
+    at its next update with Stop's own view as its last (``stopped_view``); closing it (a
+    closed tab) ends it too. Either way the engine's thread ends generation after the
+    current step.
 
     ``request``: these raw values as already validated (by the page's event validator,
     ``check_generate``); without it they are validated here."""
     if request is None:
         request = common.parse(ctx, raw)
         _check_step_mode(step_mode)
+        session.submitted()     # not through the page's validator, which does this at the click
     _check_flag("race", race)
+    yield from _ends_stopped(session, _generate(ctx, session, step_mode, race, request))
+
+
+def _ends_stopped(session: Session, handler):
+    """Run an engine handler; if Stop ended it, its last update is Stop's own view.
+
+    Stop's reply and the handler's last update reach the page in either order, and the
+    page keeps whichever came last, so both must say the same. (Stop does not cancel the
+    event through Gradio: a cancelled event's completion could redraw its last live update,
+    "decoding…", over Stop's message.)"""
+    queued_stop = session.stops > session.stops_seen    # Stop pressed while it waited in the queue
+    yield from handler
+    if queued_stop:
+        yield {"status": "stopped before it started (it was waiting for the engine)."}
+    elif session.stop_requested:
+        yield stopped_view(session)
+
+
+def _generate(ctx: AppContext, session: Session, step_mode: bool, race: bool, request: Request):
     with session.running():
+        if session.stop_requested:
+            return          # Stop was pressed while this run waited in the queue: it never starts
         start_tree, adapter = tree_plan(ctx, request)
         events = ctx.engine.generate(prompt_ids=request.prompt_ids, tree=start_tree, sampling=request.sampling,
                                      max_new_tokens=request.max_new_tokens, adapt=adapter)
@@ -195,8 +218,13 @@ def generate(ctx: AppContext, session: Session, step_mode: bool = False, race: b
 def step(ctx: AppContext, session: Session):
     """Step mode: advance the paused generation by exactly one target forward. Between clicks
     nothing holds the worker: the paused generation is just an iterator in the session."""
+    yield from _ends_stopped(session, _step_running(ctx, session))
+
+
+def _step_running(ctx: AppContext, session: Session):
     with session.running():
-        yield from _step(ctx, session)
+        if not session.stop_requested:
+            yield from _step(ctx, session)
 
 
 def paused_run_bytes(ctx: AppContext, request: Request) -> int:
@@ -231,11 +259,17 @@ STOP_WAIT_S = 30.0   # a run ends within one engine step of Stop; this only boun
 
 
 def stop(session: Session) -> dict:
-    """Stop: ask the running handler to end, wait until it has (so no late "decoding…" update
-    lands after this message), end a paused step-mode run, and show what was produced."""
-    session.stop_requested = True
+    """Stop: ask the running handler to end (and one still queued not to start), wait until it
+    has, end a paused step-mode run, and show what was produced (``stopped_view``)."""
+    session.request_stop()
     session.wait_idle(STOP_WAIT_S)
     session.close()
+    return stopped_view(session)
+
+
+def stopped_view(session: Session) -> dict:
+    """What the page shows once a run is stopped: the text so far and the last step's tree,
+    account, mask and KV views (the live updates may not have drawn the latest steps yet)."""
     steps = session.steps
     tail = "; the vanilla race was not finished" if session.summary is not None and session.race_vanilla is None \
         and session.settings.get("method") != "vanilla" else ""
@@ -243,8 +277,6 @@ def stop(session: Session) -> dict:
     view = {"status": f"stopped after {done} decoding step{'s' if done != 1 else ''} (and the prefill){tail}."
             if steps else "stopped before the prefill."}
     if steps:
-        # what was produced stays on screen: the text so far and the last step's tree, account,
-        # mask and KV views (the live updates may not have drawn the latest steps yet)
         last = len(steps) - 1
         view.update(stream=stream_html(steps), **step_view(session, last, done), slider=(last, last),
                     depth=depth_figure(steps), calibration=calibration_figure(steps),
