@@ -623,6 +623,10 @@ def test_load_context_sizes_the_default_tree_for_this_machine(tiny, tmp_path, mo
     assert f"depth {tree.depth}" in ctx.model_note and f"total_tokens {tree.total_tokens}" in ctx.model_note
     blocks = {getattr(c, "elem_id", None): c for c in build_demo(ctx, demos={}).blocks.values()}
     assert blocks["depth"].value == tree.depth
+    # beside it a prompt-lookup branch, as the CLI's auto tree has: in the lookup knob and the header
+    from app.engine.adapt import AUTO_LOOKUP
+    assert tree.lookup == AUTO_LOOKUP and blocks["lookup"].value == AUTO_LOOKUP
+    assert f"prompt-lookup branch** beside it (up to {AUTO_LOOKUP} tokens" in blocks["header"].value
     # the tab "Tree size for this machine" shows the report behind the choice
     assert ctx.tree_choice["tree"]["total_tokens"] == tree.total_tokens
     assert f"total_tokens {tree.total_tokens}, depth {tree.depth}, top_k {tree.top_k}" in blocks["tree-size-text"].value

@@ -250,6 +250,12 @@ SETTINGS: tuple[Setting, ...] = (
     # then unused). Output is the same either way; only speed changes.
     Setting("adapt", "bool", False, methods=("dynamic",),
             label="adapt the tree while decoding (the run picks each step's tree by measured speed)"),
+    # Prompt lookup beside the head (``Engine._with_lookup_branch``). Off by default for the
+    # engine; the page's default tree turns it on (``app.engine.adapt.AUTO_LOOKUP``), as the
+    # CLI's auto tree does. Added after ``adapt``, so the earlier settings keep their places.
+    Setting("lookup", "int", 0, 0, MAX_DEPTH, methods=HEAD_METHODS, owner="tree",
+            label="lookup (prompt-lookup branch: up to this many tokens copied from earlier text, "
+                  "verified beside the head's tree; 0 = off)", step=1),
 )
 SETTING: dict[str, Setting] = {s.name: s for s in SETTINGS}
 
@@ -258,8 +264,7 @@ def _drafters_reading(knob: str) -> tuple[str, ...]:
     return tuple(d.method for d in DRAFTERS if knob in d.knobs)
 
 
-# The engine's knobs that the page does not offer (``lookup``: the CLI's and the page's adaptive
-# "auto" tree turns it on, ``app.engine.adapt.AUTO_LOOKUP``).
+# The engine's knobs that the page does not offer.
 TOP_K_SAMPLING = Setting("top_k_sampling", "int", 0, 0, MAX_TOP_K_SAMPLING, owner="sampling",
                          label="top_k_sampling (0 = no top-k truncation of the target's distribution)")
 ENGINE_SETTINGS: tuple[Setting, ...] = (
@@ -270,10 +275,6 @@ ENGINE_SETTINGS: tuple[Setting, ...] = (
             label="lookahead: Jacobi guesses W"),
     Setting("pool", "int", 8, 1, MAX_POOL, methods=_drafters_reading("pool"), owner="tree",
             label="lookahead: n-grams kept per first token"),
-    Setting("lookup", "int", 0, 0, MAX_DEPTH, methods=HEAD_METHODS, owner="tree",
-            label="EAGLE + prompt lookup: also verify what followed the context's last n-gram "
-                  "(n >= 2) where it occurred before, up to this many tokens, as one more branch "
-                  "of the head's tree (0 = off)"),
 )
 # How the page runs a request (its switches beside the settings; not part of the request).
 PAGE_FLAGS: tuple[Setting, ...] = (

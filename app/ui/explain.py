@@ -39,7 +39,11 @@ def header_markdown(model: dict | None, tree: dict | None, sized_here: bool, hea
         shape = f"**{tree['total_tokens']} guesses, {tree['depth']} deep** (up to {tree['top_k']} per level)"
         text += (f"Default tree: {shape}, " + ("the size measured fastest here" if sized_here
                                                 else "the engine's default, not measured here")
-                 + f" ([why]({TREE_SIZE_LINK})).")
+                 + f" ([why]({TREE_SIZE_LINK}))")
+        if tree.get("lookup"):
+            text += (f", with a **prompt-lookup branch** beside it (up to {tree['lookup']} tokens copied from "
+                     "earlier in the text, orange in the tree)")
+        text += "."
     return title + text + f" [Take the tour]({TOUR_LINK})."
 
 

@@ -78,8 +78,9 @@ def default_methods(ctx: AppContext) -> list[str]:
 
 def method_tree(ctx: AppContext, method: str) -> TreeConfig:
     """The tree a method drafts in the comparison: the page's default node budget
-    (total_tokens, depth, top_k), only the method changed."""
-    return dataclasses.replace(ctx.tree_defaults, method=method.partition("@")[0])
+    (total_tokens, depth, top_k), only the method changed, and no prompt-lookup branch (each
+    method as the literature runs it)."""
+    return dataclasses.replace(ctx.tree_defaults, method=method.partition("@")[0], lookup=0)
 
 
 def check_compare(ctx: AppContext, prompt, methods, max_new_tokens) -> tuple:

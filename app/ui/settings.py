@@ -25,10 +25,11 @@ and the page says why EAGLE methods are off. It never falls back to a random hea
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from app.engine import loading
+from app.engine.adapt import AUTO_LOOKUP
 from app.engine.autotune import choose_tree
 from app.engine.config import GenerationLimits, TreeConfig
 from app.engine.factory import load_engine
@@ -197,6 +198,11 @@ def _load_context(config: ServerConfig, engine_thread: EngineThread, log) -> App
     if head is not None and config.auto_tree:
         tree, tree_note, choice = auto_tree_defaults(engine, log)
         note += f". {tree_note}"
+    if head is not None:
+        # beside the head's tree, a prompt-lookup branch, as the CLI's auto tree has: on the
+        # six suites it took the sized tree from 1.23x to 1.39x our vanilla here
+        # (benchmarks/fast-forward/lookup-branch.md); the page's lookup knob turns it off
+        tree = replace(tree, lookup=AUTO_LOOKUP)
     return AppContext(engine, config, note, missing, tree_defaults=tree, tree_choice=choice,
                       engine_thread=engine_thread, heads=heads)
 

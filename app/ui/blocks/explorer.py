@@ -3,7 +3,8 @@ engine's worker."""
 from __future__ import annotations
 
 from app.ui import handlers
-from app.ui.blocks.api import EXPLORE_VIEWS, _stream, _with_signature, event_signature, settings_validator
+from app.ui.blocks.api import (EXPLORE_VIEWS, _stream, _with_signature, event_signature, page_defaults,
+                               settings_validator)
 from app.ui.blocks.layout import Components
 from app.ui.requests import SETTING_NAMES, Checked
 from app.ui.session import Session
@@ -14,7 +15,8 @@ def make_explore(ctx: AppContext, checked: Checked):
     """The threshold explorer's event (API ``/explore``): knob, start, stop, count, then the
     settings, all required."""
     signature = event_signature(before=(("knob", str), ("start", float), ("stop", float), ("count", int)),
-                                defaults={"adapt": False},   # added after the first release: optional
+                                # added after the first release, so optional: adapt, then lookup
+                                defaults={"adapt": False, "lookup": page_defaults(ctx.tree_defaults)["lookup"]},
                                 after=(("session", Session | None, None),))
 
     def explore(*args, **kwargs):

@@ -311,7 +311,8 @@ def page_header(ctx: AppContext) -> str:
         return header_markdown(None, None, False)
     tree = ctx.tree_defaults
     return header_markdown(handlers._model_info(ctx),
-                           {"total_tokens": tree.total_tokens, "depth": tree.depth, "top_k": tree.top_k},
+                           {"total_tokens": tree.total_tokens, "depth": tree.depth, "top_k": tree.top_k,
+                            "lookup": tree.lookup},
                            ctx.tree_choice is not None, ctx.head_missing)
 
 

@@ -17,18 +17,20 @@ from app.ui.settings import AppContext
 # with (the method, its knobs, adapt), so the first Generate runs the tree the header names
 # for this machine, not the demo's. The Load-demo button restores these too.
 TREE_SETTINGS = ("method", *TREE_KNOBS, "adapt")
+# A setting added after a trace was written: the value that trace ran with, not the page's default.
+TRACE_PREDATES = {"lookup": 0, "adapt": False}
 
 
 def restore_outputs(view: dict, ctx: AppContext, tree: bool = True) -> tuple:
     """Values for ``Components.restored`` from a loaded trace's view: each setting's control
-    gets the trace's value (the page's default for a setting the trace predates), the race
+    gets the trace's value (for a setting the trace predates, the value it ran with), the race
     checkbox whether it raced, the preset menu the tree the knobs now hold. Without ``tree``
     the controls of ``TREE_SETTINGS`` and the preset menu are left as they are (on page load:
     the page's defaults). A view without settings (a refused load) leaves every control alone."""
     settings = view.get("settings")
     if settings is None:
         return (gr.skip(),) * (len(SETTING_NAMES) + 2)
-    defaults = page_defaults(ctx.tree_defaults)
+    defaults = {**page_defaults(ctx.tree_defaults), **TRACE_PREDATES}
     values = {name: control_value(name, settings.get(name, defaults.get(name)), ctx.config) for name in SETTING_NAMES}
     if not tree:
         return (tuple(gr.skip() if name in TREE_SETTINGS else values[name] for name in SETTING_NAMES)

@@ -12,7 +12,8 @@ def run_label(settings: dict, letter: str) -> str:
     """A short name of a run for the comparison: its letter, method and tree (N/d/k)."""
     method = settings.get("method", "?")
     tree = "" if method == "vanilla" else (" adaptive" if settings.get("adapt") else " " + tree_shape(
-        {k: settings.get(k) for k in ("method", "total_tokens", "depth", "top_k")}))
+        {k: settings.get(k) for k in ("method", "total_tokens", "depth", "top_k")})
+        + (f"+lookup{settings['lookup']}" if settings.get("lookup") else ""))
     temperature = settings.get("temperature") or 0.0
     return f"{letter}: {method}{tree}{f' T={temperature:g}' if temperature else ''}"
 
