@@ -907,3 +907,17 @@ def test_every_view_is_named_by_its_enum_and_has_one_component(ctx, finished):
     assert list(RUN_VIEWS)[:11] == ["status", "stream", "tree", "speedup", "race", "slider", "phases", "depth",
                                     "calibration", "per_step", "trace_file"]
     assert c.outputs["tree"] is c.outputs[handlers.RunView.TREE]            # a member finds a name's entry
+
+
+def test_the_header_names_the_default_tree_in_words():
+    """The header's tree in a visitor's words: one guess is 'guess', the lookup branch is
+    named when the tree has one, and a replay-only server says it runs no model."""
+    from app.ui.explain import header_markdown
+
+    model = {"target": "SmolLM2-135M-Instruct", "head": "h", "device": "cpu", "dtype": "bfloat16"}
+    one = header_markdown(model, {"total_tokens": 1, "depth": 1, "top_k": 8, "lookup": 3}, True)
+    assert "**1 guess, 1 deep**" in one and "measured fastest here" in one
+    assert "prompt-lookup branch** beside it (up to 3 tokens" in one
+    many = header_markdown(model, {"total_tokens": 24, "depth": 5, "top_k": 8, "lookup": 0}, False)
+    assert "**24 guesses, 5 deep**" in many and "not measured here" in many and "lookup" not in many
+    assert "No model is loaded" in header_markdown(None, None, False)

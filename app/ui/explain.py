@@ -36,7 +36,8 @@ def header_markdown(model: dict | None, tree: dict | None, sized_here: bool, hea
     text += ("A small **draft head** (one extra layer trained for it) guesses ahead and the model checks all the "
              "guesses in one pass: the same answer, in fewer passes. ")
     if tree:
-        shape = f"**{tree['total_tokens']} guesses, {tree['depth']} deep** (up to {tree['top_k']} per level)"
+        n = tree["total_tokens"]
+        shape = f"**{n} guess{'es' if n != 1 else ''}, {tree['depth']} deep** (up to {tree['top_k']} per level)"
         text += (f"Default tree: {shape}, " + ("the size measured fastest here" if sized_here
                                                 else "the engine's default, not measured here")
                  + f" ([why]({TREE_SIZE_LINK}))")
