@@ -98,11 +98,16 @@ class Session:
         self.stops += 1
         self.stop_requested = True
 
+    @property
+    def stopped_while_queued(self) -> bool:
+        """Stop was pressed after the latest engine event was submitted and before it started."""
+        return self.stops > self.stops_seen
+
     @contextmanager
     def running(self):
         """Mark a handler as running for this visitor; Stop waits for it to end (``wait_idle``).
         It starts stopped if Stop was pressed while it waited in the queue."""
-        self.busy, self.stop_requested = True, self.stops > self.stops_seen
+        self.busy, self.stop_requested = True, self.stopped_while_queued
         try:
             yield
         finally:

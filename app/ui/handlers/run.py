@@ -141,7 +141,7 @@ def _ends_stopped(session: Session, handler):
     page keeps whichever came last, so both must say the same. (Stop does not cancel the
     event through Gradio: a cancelled event's completion could redraw its last live update,
     "decoding…", over Stop's message.)"""
-    queued_stop = session.stops > session.stops_seen    # Stop pressed while it waited in the queue
+    queued_stop = session.stopped_while_queued      # read as the event starts, before running() does
     yield from handler
     if queued_stop:
         yield {"status": "stopped before it started (it was waiting for the engine)."}
