@@ -82,8 +82,8 @@ def main(args) -> int:
         adapter = None
         if wants_auto_tree(args):
             tree, adapter = auto_tree(engine, tree, say, lookup=args.lookup)
-        events = engine.generate(args.prompt, tree=tree, sampling=sampling,
-                                 max_new_tokens=args.max_new_tokens, raw=args.raw, adapt=adapter)
+        events = governor.guard(engine.generate(args.prompt, tree=tree, sampling=sampling,
+                                                max_new_tokens=args.max_new_tokens, raw=args.raw, adapt=adapter))
     except (ValueError, FileNotFoundError, KeyError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -97,6 +97,8 @@ def main(args) -> int:
             print(f"[{event.method}] {event.new_tokens} tokens in {event.seconds:.2f} s = "
                   f"{event.tokens_per_s:.1f} tokens/s, {event.target_forwards} target forwards, "
                   f"mean accepted tokens per forward (tau) {event.mean_accepted:.2f}", file=sys.stderr)
+    if governor.fell_back:
+        say(f"threads: {governor.text()}")
     if adapter is not None and not args.jsonl:
         used = ", ".join(f"{a['tree']} x{a['runs']} ({a['tokens_per_s']:.0f} tokens/s)" for a in adapter.summary() if a["runs"])
         say(f"trees used: {used}")

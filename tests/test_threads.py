@@ -47,6 +47,122 @@ def test_probe_times_every_option_and_drops_a_collapsed_one():
     assert threads.thread_options(2) == [1, 2] and threads.thread_options(16) == [1, 8, 16]
 
 
+class Crowded:
+    """What a busy neighbour does to a run on spinning threads: from the run's ``after``-th
+    verify on, each verify on more than one thread waits ``wait_s`` (every barrier waits for a
+    descheduled thread); on one thread it runs as before."""
+
+    def __init__(self, engine, after: int = 6, wait_s: float = 0.06):
+        self.engine, self.after, self.wait_s, self.verifies = engine, after, wait_s, 0
+        verify = engine.verify
+
+        def crowded_verify(run, tree):
+            self.verifies += 1
+            if self.verifies > self.after and torch.get_num_threads() > 1:
+                time.sleep(self.wait_s)
+            return verify(run, tree)
+
+        engine.verify = crowded_verify
+
+
+def _two_threads_win(gov: threads.ThreadGovernor) -> None:
+    """``gov.apply`` with a probe forward that 2 threads run faster: it chooses 2."""
+    assert gov.apply(lambda: time.sleep(0.002 if torch.get_num_threads() == 2 else 0.02)) == 2
+
+
+def test_a_run_falls_back_to_one_thread_when_a_neighbour_arrives(tiny):
+    """A run on 2 threads whose steps turn 60 ms slower mid-run (a neighbour took a core)
+    goes on one thread after SLOW_STEPS slow steps: the steps after are fast again, the
+    output is the run's own, and the next run probes afresh."""
+    from app.engine.config import TreeConfig
+    from app.engine.engine import Engine
+
+    target, head = tiny
+    prompt, tree = [5, 17, 33, 90, 4], TreeConfig(method="vanilla")
+    before = torch.get_num_threads()
+    try:
+        expected = [e for e in Engine(target, head).generate(prompt_ids=prompt, tree=tree, max_new_tokens=30)]
+        engine = Engine(target, head)
+        crowd = Crowded(engine)
+        gov = threads.ThreadGovernor(options=[1, 2], rounds=1)
+        _two_threads_win(gov)
+        events = list(gov.guard(engine.generate(prompt_ids=prompt, tree=tree, max_new_tokens=30)))
+        assert torch.get_num_threads() == 1 and gov.choice == 1
+        assert "steps slowed" in gov.fell_back and "fell back" in gov.text()
+        slow = [e.step for e in events if e.type == "step" and e.step_ms >= crowd.wait_s * 1e3]
+        assert slow == [crowd.after + 1, crowd.after + 2]          # exactly SLOW_STEPS slow steps, then one thread
+        assert len(events) == len(expected) and events[-1].token_ids == expected[-1].token_ids
+        probed = []
+        gov.apply(lambda: probed.append(torch.get_num_threads()))
+        assert probed and not gov.fell_back                          # the next run probes afresh
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_guard_keeps_the_threads_through_a_hiccup_and_a_fixed_count(tiny):
+    """A real run's records replayed with chosen step times: one slow step alone, or steps
+    less than SLOWDOWN times the usual, keep 2 threads; so does a fixed count, however slow.
+    Closing the guard closes the run."""
+    from dataclasses import replace
+
+    from app.engine.config import TreeConfig
+    from app.engine.engine import Engine
+
+    target, head = tiny
+    run = list(Engine(target, head).generate(prompt_ids=[3, 250], tree=TreeConfig(method="vanilla"), max_new_tokens=20))
+    steps = [e for e in run if e.type == "step" and not e.prefill]
+    assert len(steps) >= 12
+
+    def replay(times):
+        return [run[0]] + [replace(e, step_ms=t) for e, t in zip(steps, times)] + [run[-1]]
+
+    usual = [10.0] * len(steps)
+    hiccup = usual[:6] + [40.0] + usual[7:]                              # one slow step
+    mild = usual[:6] + [2.4 * 10.0] * (len(steps) - 6)                   # slower, less than SLOWDOWN
+    crowded = usual[:6] + [40.0] * (len(steps) - 6)
+    before = torch.get_num_threads()
+    try:
+        for times, falls in ((usual, False), (hiccup, False), (mild, False), (crowded, True)):
+            gov = threads.ThreadGovernor(options=[1, 2], rounds=1)
+            _two_threads_win(gov)
+            events = replay(times)
+            assert list(gov.guard(iter(events))) == events                # passed through unchanged
+            assert (torch.get_num_threads() == 1) == falls and bool(gov.fell_back) == falls, times
+        torch.set_num_threads(2)
+        fixed = threads.ThreadGovernor(fixed=2)
+        list(fixed.guard(iter(replay(crowded))))
+        assert torch.get_num_threads() == 2 and not fixed.fell_back
+        inner = Engine(target, head).generate(prompt_ids=[3, 250], tree=TreeConfig(method="vanilla"), max_new_tokens=20)
+        guarded = fixed.guard(inner)
+        next(guarded)
+        guarded.close()
+        assert inner.gi_frame is None                                     # the run was closed too
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_multi_thread_cost_curve_is_kept_per_wait_policy(tiny, monkeypatch):
+    """Sleeping and spinning threads give different curves on several threads: the policy is
+    part of the key there, and not on one thread (where no thread waits)."""
+    from app.engine import autotune
+
+    target, _ = tiny
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+        monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+        passive = autotune.cost_cache_key(target)
+        monkeypatch.delenv("OMP_WAIT_POLICY")
+        assert passive["omp_wait"] == "passive" and autotune.cost_cache_key(target)["omp_wait"] == "default"
+        monkeypatch.setenv("GOMP_SPINCOUNT", "10000")
+        assert autotune.cost_cache_key(target)["omp_wait"] == "spin 10000"
+        torch.set_num_threads(1)
+        assert "omp_wait" not in autotune.cost_cache_key(target)
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_engine_probe_runs_the_engines_forward(tiny):
     from app.engine.engine import Engine
 

@@ -77,6 +77,7 @@ from app.engine.calibration import (CALIBRATION_PROMPTS, CALIBRATION_SETTINGS, C
 from app.engine.config import TreeConfig
 from app.engine.cost import (DEFAULT_PREFIX, DEFAULT_SIZES, MEASURED_FIELDS, CostCurve, cost_cache_path,
                              cost_curve_text, curve_from_times, load_cost_curve, save_cost_curve)
+from app.engine.threads import wait_policy
 from app.engine.tree_choice import (DEFAULT_DEPTHS, DEFAULT_TOTALS, Candidate, TreeChoice, choose_from,
                                     pick_robust, predict, rank_candidates)
 
@@ -100,6 +101,9 @@ def cost_cache_key(target) -> dict:
     device = target.device
     dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
     cfg = target.model.config
+    threads = torch.get_num_threads() if device.type == "cpu" else 0
+    # a curve on several threads depends on how they wait at each barrier (app/engine/threads.py)
+    waiting = {"omp_wait": wait_policy()} if threads > 1 else {}
     return {
         "model": target.name,
         # which verify forward and cache the engine runs: a faster one invalidates old curves
@@ -108,7 +112,8 @@ def cost_cache_key(target) -> dict:
         "device": device.type,
         "device_name": dev_name,
         "dtype": str(target.dtype).replace("torch.", ""),
-        "threads": torch.get_num_threads() if device.type == "cpu" else 0,
+        "threads": threads,
+        **waiting,
         "torch": torch.__version__,
     }
 

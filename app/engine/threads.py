@@ -1,23 +1,32 @@
 """How many CPU threads a forward should use *now*: measured, because a busy neighbour can
-make more threads slower.
+make more threads slower; and a run that falls back to one thread when a neighbour arrives.
 
-torch runs a CPU forward as OpenMP parallel regions over every core it was given, and each
-region ends at a barrier: all threads wait for the slowest. When another process holds a
-core, one of our threads is descheduled at every barrier and the whole forward waits for it.
-Measured on a 2-core machine with other processes running (load 2.4-3.2, the embedded
-SmolLM2-135M, 48 tokens, OpenMP threads spinning at barriers): vanilla decoding ran at 14-16
-tokens/s with 1 thread and 1.9-7.5 with 2; a 2-node chain at 7.8-9.2 with 1 thread and
-0.6-1.8 with 2. Letting waiting threads sleep (``OMP_WAIT_POLICY=PASSIVE``, set in
-``app/__init__.py``) removes most of that collapse, but which count is faster still
-depends on the neighbours. On a quiet machine 2 threads are faster. So the thread count is chosen by timing, just before a run, and the
-same choice serves every method of a comparison (a race, a benchmark row), so that no
-method gets an advantage the other does not.
+torch and the fast forward's kernels run a CPU forward as OpenMP parallel regions over every
+thread they were given (~150 regions a step for SmolLM2's 30 layers), and each region ends
+at a barrier: all threads wait for the slowest. How a thread waits decides what a second
+core is worth. Measured on the 2-core dev machine (embedded SmolLM2-135M, bfloat16, two
+prompts x 96 tokens, tokens/s; benchmarks/fast-forward/threads-wait-policy.md):
+
+    waiting thread                     quiet, 1 / 2 threads     one busy process beside, 1 / 2
+    sleeps (OMP_WAIT_POLICY=PASSIVE)   82 / 61                  90 / 80
+    spins ~3 ms (libgomp's default)    89 / 137                 89 / 43
+
+A sleeping thread must be woken for every region, which costs more than the second core
+gives; a spinning one keeps pace, but beside a busy process it burns the core its partner
+needs and every barrier waits for a descheduled thread. So the app keeps libgomp's default
+(it sets no wait policy), and the thread count is chosen by timing just before a run
+(``ThreadGovernor``); the same choice serves every method of a comparison (a race, a
+benchmark row), so that no method gets an advantage the other does not. A neighbour that
+arrives mid-run is caught by ``ThreadGovernor.guard``: steps several times slower than the
+run's own put the rest of the run on one thread. Output never depends on the thread count
+(the fast forward's rows have the same bits on any number of threads).
 """
 from __future__ import annotations
 
 import os
 import statistics
 import time
+from typing import Iterable, Iterator
 
 import torch
 
@@ -25,6 +34,22 @@ import torch
 REUSE_S = 20.0
 # an option this many times slower than the best in a round is dropped from the probe
 ABANDON = 3.0
+# guard: a step this many times slower than the median of the run's earlier steps is slow;
+# SLOW_STEPS slow steps in a row (after SETTLE judged ones) put the run on one thread. A
+# step's own cost varies less than 2x (tree size, draft depth); a neighbour's arrival costs
+# 3-30x with spinning threads (the table above).
+SLOWDOWN = 2.5
+SLOW_STEPS = 2
+SETTLE = 4
+
+
+def wait_policy() -> str:
+    """How OpenMP's waiting threads wait in this process, as the environment told libgomp at
+    start ("default": spin ~3 ms, then sleep). Part of the key of a kept multi-thread timing:
+    sleeping threads give another cost curve than spinning ones."""
+    spin = os.environ.get("GOMP_SPINCOUNT", "").strip()
+    policy = os.environ.get("OMP_WAIT_POLICY", "").strip().lower()
+    return f"spin {spin}" if spin else (policy or "default")
 
 
 def thread_options(cores: int | None = None) -> list[int]:
@@ -61,6 +86,7 @@ class ThreadGovernor:
         self.choice: int | None = fixed
         self.times: dict[int, list[float]] = {}
         self._when = 0.0
+        self.fell_back = ""               # why the last run fell back to one thread ("" = it did not)
 
     def probe(self, forward) -> int:
         times: dict[int, list[float]] = {n: [] for n in self.options}
@@ -81,6 +107,7 @@ class ThreadGovernor:
             torch.set_num_threads(before)
         times = {n: t[1:] or t for n, t in times.items()}     # drop the warm-up forward
         self.times, self.choice, self._when = times, fastest(times), time.monotonic()
+        self.fell_back = ""
         return self.choice
 
     def apply(self, forward) -> int:
@@ -90,9 +117,43 @@ class ThreadGovernor:
         torch.set_num_threads(self.choice)
         return self.choice
 
+    def guard(self, events: Iterable) -> Iterator:
+        """``events`` (a run's ``Engine.generate``) passed through unchanged, watched: while
+        more than one thread is in use, ``SLOW_STEPS`` steps in a row each ``SLOWDOWN`` times
+        the median of the run's earlier steps mean a neighbour took a core, so the rest of the
+        run goes on one thread and the next ``apply`` probes afresh. A fixed count is kept."""
+        usual: list[float] = []           # step times (ms) of the run's steps that were not slow
+        slow = 0
+        try:
+            for event in events:
+                ms = getattr(event, "step_ms", None)
+                if (self.fixed is None and ms is not None and getattr(event, "type", "") == "step"
+                        and not event.prefill and torch.get_num_threads() > 1):
+                    if len(usual) >= SETTLE and ms > SLOWDOWN * statistics.median(usual[-16:]):
+                        slow += 1
+                        if slow >= SLOW_STEPS:
+                            self.fall_back(f"steps slowed from {statistics.median(usual[-16:]):.0f} "
+                                           f"to {ms:.0f} ms")
+                    else:
+                        slow = 0
+                        usual.append(ms)
+                yield event
+        finally:
+            close = getattr(events, "close", None)
+            if close is not None:         # closing the guard stops the run, as closing the run would
+                close()
+
+    def fall_back(self, why: str) -> None:
+        """One thread from now on, until the next probe (which the next ``apply`` runs)."""
+        torch.set_num_threads(1)
+        self.choice, self._when = 1, 0.0
+        self.fell_back = why
+
     def text(self) -> str:
         if self.fixed is not None:
             return f"{self.fixed} thread(s), fixed"
+        if self.fell_back:
+            return f"1 thread (fell back from more mid-run: {self.fell_back})"
         parts = ", ".join(f"{n}: {statistics.median(t):.0f} ms" for n, t in self.times.items() if t)
         return f"{self.choice} thread(s) (probe, ms per probe forward by thread count: {parts})"
 

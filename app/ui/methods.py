@@ -144,7 +144,7 @@ def compare_methods(ctx: AppContext, session: Session, prompt, methods, max_new_
 
         def turns():
             use_request_threads(ctx)
-            yield from round_robin(runs, RACE_CHUNK_TOKENS)
+            yield from round_robin({m: ctx.threads.guard(r) for m, r in runs.items()}, RACE_CHUNK_TOKENS)
 
         run = BackgroundRun(turns(), ctx.engine_thread)
         try:

@@ -113,7 +113,8 @@ def _raced(ctx: AppContext, eagle, vanilla):
     """The records of both runs, interleaved in chunks (``app.ui.race``), run on the engine
     thread with the thread count chosen for this request."""
     use_request_threads(ctx)
-    yield from interleave(eagle, vanilla, RACE_CHUNK_TOKENS)
+    guard = ctx.threads.guard       # a neighbour arriving mid-run puts the rest on one thread
+    yield from interleave(guard(eagle), None if vanilla is None else guard(vanilla), RACE_CHUNK_TOKENS)
 
 
 def generate(ctx: AppContext, session: Session, step_mode: bool = False, race: bool = True,
