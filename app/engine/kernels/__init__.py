@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from app.engine import device
+from app.engine.kernels import hugepages
 from app.engine.device import cache_dir, cpu_class_cap, cpu_flags  # noqa: F401  (cpu_flags: for scripts)
 
 SOURCE = Path(__file__).with_name("rowwise.c")
@@ -282,9 +283,11 @@ class Packed:
             # native bfloat16 dot products read k in pairs: (N/G, K/2, G, 2)
             if K % 2:
                 w = torch.cat([w, w.new_zeros(w.shape[0], 1)], dim=1)
-            self.data = w.view(-1, g, w.shape[1] // 2, 2).permute(0, 2, 1, 3).contiguous()
+            packed = w.view(-1, g, w.shape[1] // 2, 2).permute(0, 2, 1, 3)
         else:
-            self.data = w.view(-1, g, K).transpose(1, 2).contiguous()    # (N/G, K, G)
+            packed = w.view(-1, g, K).transpose(1, 2)                  # (N/G, K, G)
+        # on 2 MB pages, next to the weight packed before it (a forward reads them in that order)
+        self.data = hugepages.to_huge(packed)
 
 
 def linear(x: torch.Tensor, weight: Packed) -> torch.Tensor:
