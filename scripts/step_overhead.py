@@ -8,6 +8,7 @@ kernel call is timed, and the rest of the step is reported beside it.
 
     python scripts/step_overhead.py --method vanilla
     python scripts/step_overhead.py --method eagle        # 3/2/2 + a prompt-lookup branch of 3
+    python scripts/step_overhead.py --method eagle --tree 4/2/8 --threads 2
     # another revision, interleaved with this one by the shell:
     git worktree add /tmp/base <rev> && python scripts/step_overhead.py --root /tmp/base
 """
@@ -27,6 +28,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--method", choices=["vanilla", "eagle"], default="eagle")
     p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--tree", default="3/2/2", help="eagle's tree: total/depth/top-k (a lookup branch of 3 beside it)")
     p.add_argument("--root", default=str(Path(__file__).resolve().parents[1]),
                    help="the checkout whose app/ to import (a git worktree of another revision)")
     args = p.parse_args()
@@ -37,7 +40,7 @@ def main() -> None:
     from app.engine.config import TreeConfig
     from app.engine.factory import load_engine
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     inside = [0.0]
 
     def timed(f):
@@ -53,13 +56,14 @@ def main() -> None:
         setattr(kernels, name, timed(getattr(kernels, name)))
     engine, _ = load_engine(dtype="bfloat16")
     tree = (TreeConfig(method="vanilla") if args.method == "vanilla"
-            else TreeConfig(method="dynamic", total_tokens=3, depth=2, top_k=2, lookup=3))
+            else TreeConfig(method="dynamic", **dict(zip(("total_tokens", "depth", "top_k"),
+                                                         map(int, args.tree.split("/")))), lookup=3))
     list(engine.generate(PROMPTS[0], tree=tree, max_new_tokens=16))          # warm-up
     inside[0], steps, t = 0.0, 0, time.perf_counter()
     for prompt in PROMPTS:
         steps += sum(1 for _ in engine.generate(prompt, tree=tree, max_new_tokens=args.max_new_tokens))
     total = time.perf_counter() - t
-    print(f"{args.method} ({os.path.basename(args.root.rstrip('/'))}): {steps} steps, {total / steps * 1e3:.2f} ms a step, "
+    print(f"{args.method} {args.threads} thread(s) ({os.path.basename(args.root.rstrip('/'))}): {steps} steps, {total / steps * 1e3:.2f} ms a step, "
           f"{inside[0] / steps * 1e3:.2f} in kernels, {(total - inside[0]) / steps * 1e3:.2f} outside; "
           f"load average {os.getloadavg()[0]:.2f}")
 

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.engine import threads
+from tests.tiny import Crowded
 
 
 @settings(max_examples=200, deadline=None)
@@ -45,24 +46,6 @@ def test_probe_times_every_option_and_drops_a_collapsed_one():
     assert threads.ThreadGovernor(fixed=3).apply(forward) == 3
     torch.set_num_threads(before)
     assert threads.thread_options(2) == [1, 2] and threads.thread_options(16) == [1, 8, 16]
-
-
-class Crowded:
-    """What a busy neighbour does to a run on spinning threads: from the run's ``after``-th
-    verify on, each verify on more than one thread waits ``wait_s`` (every barrier waits for a
-    descheduled thread); on one thread it runs as before."""
-
-    def __init__(self, engine, after: int = 6, wait_s: float = 0.06):
-        self.engine, self.after, self.wait_s, self.verifies = engine, after, wait_s, 0
-        verify = engine.verify
-
-        def crowded_verify(run, tree):
-            self.verifies += 1
-            if self.verifies > self.after and torch.get_num_threads() > 1:
-                time.sleep(self.wait_s)
-            return verify(run, tree)
-
-        engine.verify = crowded_verify
 
 
 def _two_threads_win(gov: threads.ThreadGovernor) -> None:

@@ -72,6 +72,33 @@ def test_the_race_never_reuses_a_vanilla_timing(ctx):
         list(handlers.generate(ctx, session, race="yes", **BASE))
 
 
+def test_the_race_says_its_threads_and_a_fall_back_to_one(tiny):
+    """The speedup's conditions name the threads the run used; when a neighbour arrives
+    mid-run (steps 60 ms slower on 2 threads from the 7th verify: tests/test_threads.py's
+    Crowded) they say the run went on one thread, and why."""
+    import torch
+
+    from app.engine import threads
+    from tests.tiny import Crowded
+
+    target, head = tiny
+    before = torch.get_num_threads()
+    try:
+        quiet = AppContext(Engine(target, head), ServerConfig(max_new_tokens=64, update_interval_s=0.0), "tiny")
+        quiet.threads = threads.ThreadGovernor(fixed=1)
+        views = list(handlers.generate(quiet, Session(), **BASE))
+        assert "during the run, on 1 thread;" in views[-1]["speedup"]
+        engine = Engine(target, head)
+        Crowded(engine, after=4)
+        crowded = AppContext(engine, ServerConfig(max_new_tokens=64, update_interval_s=0.0), "tiny")
+        crowded.threads = threads.ThreadGovernor(options=[1, 2], rounds=1)
+        crowded.thread_probe = lambda: __import__("time").sleep(0.002 if torch.get_num_threads() == 2 else 0.02)
+        views = list(handlers.generate(crowded, Session(), **{**BASE, "max_new_tokens": 40}))
+        assert "on 2 threads, then 1 (a busy neighbour: steps slowed from" in views[-1]["speedup"]
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_trace_roundtrip(ctx, finished):
     session, _ = finished
     path = session.trace_path          # the latest run's file (a new run replaces the old one)

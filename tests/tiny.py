@@ -158,3 +158,21 @@ class PacedEngine(Engine):
                 inner.close()
 
         return paced()
+
+
+class Crowded:
+    """What a busy neighbour does to an engine's runs on spinning threads: after its first
+    ``after`` verifies, each verify on more than one thread waits ``wait_s`` (every barrier
+    waits for a descheduled thread); on one thread it runs as before."""
+
+    def __init__(self, engine, after: int = 6, wait_s: float = 0.06):
+        self.engine, self.after, self.wait_s, self.verifies = engine, after, wait_s, 0
+        verify = engine.verify
+
+        def crowded_verify(run, tree):
+            self.verifies += 1
+            if self.verifies > self.after and torch.get_num_threads() > 1:
+                time.sleep(self.wait_s)
+            return verify(run, tree)
+
+        engine.verify = crowded_verify

@@ -44,6 +44,7 @@ class Session:
     race_vanilla: VanillaRun | None = None            # the vanilla run raced against this run (never reused)
     race_requested: bool = True                       # the visitor asked for the race
     load: list | None = None                          # load average at the start and end of the run
+    threads: str = ""                                 # the CPU threads it ran on ("2 threads"; "" unknown)
     parting: dict | None = None                       # where greedy EAGLE and vanilla parted: the target's top-2 there
     source: str = ""                                  # "live" or "trace: NAME"
     stepper: Iterator | None = None                   # step mode: the paused generation
@@ -70,6 +71,7 @@ class Session:
         self.prompt_ids = tuple(prompt_ids)
         self.steps, self.summary, self.race_vanilla, self.app_seconds = [], None, None, None
         self.load, self.parting, self.adapter, self.expired = None, None, None, ""
+        self.threads = ""
         self.records_shared = False
         self.run_id += 1
 

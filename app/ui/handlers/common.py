@@ -60,9 +60,9 @@ def _load_average() -> float | None:
         return None
 
 
-def use_request_threads(ctx: AppContext) -> None:
-    """Set the thread count for the request about to run (``app.engine.threads``); on the
-    engine thread, where the probe forward is built at the first request."""
+def use_request_threads(ctx: AppContext) -> int:
+    """Set the thread count for the request about to run (``app.engine.threads``) and return
+    it; on the engine thread, where the probe forward is built at the first request."""
     if ctx.thread_probe is None:
         ctx.thread_probe = engine_probe(ctx.engine)
-    ctx.threads.apply(ctx.thread_probe)
+    return ctx.threads.apply(ctx.thread_probe)

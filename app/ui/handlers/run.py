@@ -109,12 +109,15 @@ def tree_plan(ctx: AppContext, request: Request):
     return start, adapter
 
 
-def _raced(ctx: AppContext, eagle, vanilla):
+def _raced(ctx: AppContext, session: Session, eagle, vanilla):
     """The records of both runs, interleaved in chunks (``app.ui.race``), run on the engine
-    thread with the thread count chosen for this request."""
-    use_request_threads(ctx)
+    thread with the thread count chosen for this request (noted in ``session.threads``)."""
+    count = use_request_threads(ctx)
+    session.threads = f"{count} thread{'s' if count > 1 else ''}"
     guard = ctx.threads.guard       # a neighbour arriving mid-run puts the rest on one thread
     yield from interleave(guard(eagle), None if vanilla is None else guard(vanilla), RACE_CHUNK_TOKENS)
+    if ctx.threads.fell_back:
+        session.threads += f", then 1 (a busy neighbour: {ctx.threads.fell_back})"
 
 
 def generate(ctx: AppContext, session: Session, step_mode: bool = False, race: bool = True,
@@ -184,7 +187,7 @@ def _generate(ctx: AppContext, session: Session, step_mode: bool, race: bool, re
             return
         t0 = time.perf_counter()
         session.load = [_load_average(), None]
-        run = BackgroundRun(_raced(ctx, events, vanilla_events), ctx.engine_thread)   # starts on its thread now
+        run = BackgroundRun(_raced(ctx, session, events, vanilla_events), ctx.engine_thread)   # starts on its thread now
         try:
             yield first_view()   # drawn meanwhile
             for batch in run.batches(ctx.update_interval):

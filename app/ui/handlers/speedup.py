@@ -89,8 +89,10 @@ def speedup_text(session: Session) -> str:
     ratio_text = race.text() if race is not None else "n/a"
     why = speedup_decomposition(session.steps, v.steps)
     load = getattr(session, "load", None) or [None, None]
-    conditions = (f" Machine load average {load[0]:.2f} → {load[1]:.2f} during the run; vanilla ran alongside, "
-                  f"in chunks of {RACE_CHUNK_TOKENS} tokens." if None not in load else "")
+    threads = getattr(session, "threads", "")
+    conditions = (f" Machine load average {load[0]:.2f} → {load[1]:.2f} during the run"
+                  + (f", on {threads}" if threads else "")
+                  + f"; vanilla ran alongside, in chunks of {RACE_CHUNK_TOKENS} tokens." if None not in load else "")
     return (f"### Speedup {ratio_text}\n{head}; vanilla {v.summary.tokens_per_s:.1f} tokens/s "
             f"({v.summary.new_tokens} tokens).{conditions}\n\n" + (f"{why}\n\n" if why else "") + _identical_note(session))
 
