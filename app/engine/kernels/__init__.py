@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 
 from app.engine import device
-from app.engine.kernels import hugepages
 from app.engine.device import cache_dir, cpu_class_cap, cpu_flags  # noqa: F401  (cpu_flags: for scripts)
+from app.engine.kernels import hugepages
 
 SOURCE = Path(__file__).with_name("rowwise.c")
 FLAGS = {"avx512bf16": ["-mavx512f", "-mavx512bf16", "-mavx2", "-mfma"],
