@@ -215,9 +215,16 @@ def test_bench_auto_tree_reports_its_cost_curve(tiny_folders, tmp_path, monkeypa
     cost curve in the markdown, the whole TreeChoice in the JSON, its figure in plots.html."""
     from app.engine import autotune
 
+    import itertools
+
+    from app.engine import threads
+
     monkeypatch.setenv("EAGLE_LENS_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(autotune, "_load_average", lambda: 0.3)
     monkeypatch.setattr(tiny_suites(tmp_path / "eval"), "EVAL_DIR", tmp_path / "eval")
+    monkeypatch.setattr(threads, "REUSE_S", 0.0)                     # every apply probes afresh
+    flips = itertools.cycle([1, 2])
+    monkeypatch.setattr(threads, "fastest", lambda times, margin=1.05: next(flips))
     out = tmp_path / "out"
     rc = app_main(["bench", "--quick", "--suite", "alpha", "--max-new-tokens", "8", "--methods", "vanilla,dynamic:auto,dynamic:adaptive",
                    "--warmup-tokens", "2", "--base-model", str(tiny_folders / "target"),
@@ -236,7 +243,14 @@ def test_bench_auto_tree_reports_its_cost_curve(tiny_folders, tmp_path, monkeypa
         f"{n}: {ms:.0f} ms" for n, ms in zip(curve["sizes"], curve["ms"])) in md
     assert "auto tree: why this size" in (out / "plots.html").read_text()
     adaptive = doc["summary"]["alpha"]["dynamic:adaptive"]
-    assert adaptive["tokens_per_s"] > 0 and doc["meta"]["threads"].startswith("auto (per run")
+    assert adaptive["tokens_per_s"] > 0 and doc["meta"]["threads"].startswith("auto (per prompt")
+    # the thread count changed between prompts (a probe at every chance, the choice flipping as
+    # if a neighbour came and went), never between the methods of one prompt
+    by_prompt: dict = {}
+    for run in doc["runs"]:
+        by_prompt.setdefault((run["suite"], run["question_id"]), set()).add(run["threads"])
+    assert all(len(counts) == 1 for counts in by_prompt.values()), by_prompt
+    assert set().union(*by_prompt.values()) == {1, 2}
     same, n = adaptive["identical_to_vanilla"]
     assert same == n > 0                                  # greedy: adapting never changes the output
 

@@ -221,11 +221,16 @@ def run_benchmark(engines, args, suites, specs, sampling) -> int:
     for i, prompt in enumerate(prompts):
         ids = engine.encode_prompt(prompt.text)
         order = specs[i % len(specs):] + specs[: i % len(specs)]   # rotate: no method always runs first
+        # one thread count for all of this prompt's methods (timed afresh every REUSE_S seconds,
+        # between prompts): a prompt's methods are compared on the same number of cores
+        count = governor.apply(probe)
         for spec in order:
             bar.set_postfix_str(f"{prompt.suite} #{prompt.question_id} {spec.label}")
-            thread_counts.append(governor.apply(probe))     # timed afresh every few seconds, the same for every method
+            torch.set_num_threads(count)
+            thread_counts.append(count)
             rec = run_one(engines[spec.head], spec, prompt.suite, prompt.question_id, ids, sampling, args.max_new_tokens,
                           peers)
+            rec.threads = count
             records.append(rec)
             bar.update(1)
     bar.close()
@@ -240,7 +245,7 @@ def run_benchmark(engines, args, suites, specs, sampling) -> int:
         "command": _command(args), "started": started, "wall_s": time.perf_counter() - t_start,
         "machine": _machine(), "device": str(engine.target.device), "dtype": str(engine.target.dtype).replace("torch.", ""),
         "threads": governor.text() if governor.fixed is not None else
-        f"auto (per run, timed every {int(REUSE_S)} s): "
+        f"auto (per prompt, the same for its methods, timed every {int(REUSE_S)} s; runs): "
         + ", ".join(f"{n} thread(s) x{thread_counts.count(n)}" for n in sorted(set(thread_counts))),
         "busy_processes": args.busy, "load_start": load_start, "load_end": _load(),
         "target": engine.target.name, "head": head or "none (no tree method)",

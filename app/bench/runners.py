@@ -132,6 +132,7 @@ class RunRecord:
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     tree: dict | None = None          # the tree settings used (engine methods)
+    threads: int = 0                  # CPU threads it ran on (0: not recorded)
 
     @property
     def tokens_per_s(self) -> float:
