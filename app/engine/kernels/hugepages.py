@@ -11,7 +11,9 @@ token on 1 thread (benchmarks/fast-forward/huge-pages.md).
 
 Only on Linux (``mmap.MADV_HUGEPAGE``) and for weights of at least ``MIN_BYTES``; anything
 else gets an ordinary tensor. A chunk's memory is returned when the last weight cut from it
-is freed (each weight's tensor keeps its chunk's mapping alive). Why by hand: torch's
+is freed (each weight's tensor keeps its chunk's mapping alive), except the chunk being
+filled, which stays mapped for the next weights (at most ``CHUNK`` + 2 MB of address space;
+only its written pages hold memory). Why by hand: torch's
 allocator offers no page-size control on a CPU.
 """
 from __future__ import annotations
