@@ -175,7 +175,6 @@ def run_benchmark(engines, args, suites, specs, sampling) -> int:
     engine = engines[None]
     probe = engine_probe(engine)
     governor = args.governor
-    thread_counts = []
     governor.apply(probe)       # the auto trees are sized (and their profile looked up) at the runs' thread count
     auto_text, auto_report = None, None
     for i, spec in enumerate(specs):
@@ -227,7 +226,6 @@ def run_benchmark(engines, args, suites, specs, sampling) -> int:
         for spec in order:
             bar.set_postfix_str(f"{prompt.suite} #{prompt.question_id} {spec.label}")
             torch.set_num_threads(count)
-            thread_counts.append(count)
             rec = run_one(engines[spec.head], spec, prompt.suite, prompt.question_id, ids, sampling, args.max_new_tokens,
                           peers)
             rec.threads = count
@@ -246,7 +244,7 @@ def run_benchmark(engines, args, suites, specs, sampling) -> int:
         "machine": _machine(), "device": str(engine.target.device), "dtype": str(engine.target.dtype).replace("torch.", ""),
         "threads": governor.text() if governor.fixed is not None else
         f"auto (per prompt, the same for its methods, timed every {int(REUSE_S)} s; runs): "
-        + ", ".join(f"{n} thread(s) x{thread_counts.count(n)}" for n in sorted(set(thread_counts))),
+        + ", ".join(f"{n} thread(s) x{sum(r.threads == n for r in records)}" for n in sorted({r.threads for r in records})),
         "busy_processes": args.busy, "load_start": load_start, "load_end": _load(),
         "target": engine.target.name, "head": head or "none (no tree method)",
         "medusa": str(engine.medusa.folder) if engine.medusa is not None else None,

@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from collections import deque
 from typing import Iterable, Iterator
 
 import torch
@@ -122,18 +123,18 @@ class ThreadGovernor:
         more than one thread is in use, ``SLOW_STEPS`` steps in a row each ``SLOWDOWN`` times
         the median of the run's earlier steps mean a neighbour took a core, so the rest of the
         run goes on one thread and the next ``apply`` probes afresh. A fixed count is kept."""
-        usual: list[float] = []           # step times (ms) of the run's steps that were not slow
+        usual: deque[float] = deque(maxlen=16)   # the last step times (ms) that were not slow
         slow = 0
         try:
             for event in events:
                 ms = getattr(event, "step_ms", None)
                 if (self.fixed is None and ms is not None and getattr(event, "type", "") == "step"
                         and not event.prefill and torch.get_num_threads() > 1):
-                    if len(usual) >= SETTLE and ms > SLOWDOWN * statistics.median(usual[-16:]):
+                    median = statistics.median(usual) if len(usual) >= SETTLE else None
+                    if median is not None and ms > SLOWDOWN * median:
                         slow += 1
                         if slow >= SLOW_STEPS:
-                            self.fall_back(f"steps slowed from {statistics.median(usual[-16:]):.0f} "
-                                           f"to {ms:.0f} ms")
+                            self.fall_back(f"steps slowed from {median:.0f} to {ms:.0f} ms")
                     else:
                         slow = 0
                         usual.append(ms)

@@ -35,10 +35,10 @@ def make_generate(ctx: AppContext, checked: Checked):
     return _with_signature(generate, signature)
 
 
-def wire_engine(c: Components, ctx: AppContext) -> list:
-    """Generate (button and Enter), Step and the explorer: the events that run the model, on
-    one worker (``ENGINE``). Each validates its inputs once, in its validator (see
-    ``settings_validator``). Returns the events."""
+def wire_engine(c: Components, ctx: AppContext) -> None:
+    """Generate (button and Enter), Step, the method comparison and the explorer: the events
+    that run the model, on one worker (``ENGINE``). Each validates its inputs once, in its
+    validator (see ``settings_validator``)."""
     checked = Checked()
     run_outputs = c.views(RUN_VIEWS)
     # preprocess=False: the raw JSON values reach the handlers, whose own validation names
@@ -55,15 +55,14 @@ def wire_engine(c: Components, ctx: AppContext) -> list:
     generate = make_generate(ctx, checked)
     generate_validator = settings_validator(check_generate, SETTING_NAMES + ("step_mode", "race", None), checked)
     inputs = c.settings + [c.step_mode, c.race, c.session]
-    events = [c.generate_btn.click(generate, inputs, run_outputs, api_name="generate", validator=generate_validator,
-                                   **engine_events),
-              c.controls["prompt"].submit(generate, inputs, run_outputs, api_visibility="private",
-                                          validator=generate_validator, **engine_events)]
-    events.append(c.step_btn.click(precheck(handlers.check_step), [c.session], None, api_visibility="private")
-                  .success(gpu(next_step), [c.session], run_outputs, api_name="step", **engine_events))
-    events.append(wire_methods(c, ctx, engine_events))
-    events.append(wire_explore(c, ctx, checked, engine_events))
-    return events
+    c.generate_btn.click(generate, inputs, run_outputs, api_name="generate", validator=generate_validator,
+                         **engine_events)
+    c.controls["prompt"].submit(generate, inputs, run_outputs, api_visibility="private",
+                                validator=generate_validator, **engine_events)
+    c.step_btn.click(precheck(handlers.check_step), [c.session], None, api_visibility="private") \
+        .success(gpu(next_step), [c.session], run_outputs, api_name="step", **engine_events)
+    wire_methods(c, ctx, engine_events)
+    wire_explore(c, ctx, checked, engine_events)
 
 
 def wire_stop(c: Components) -> None:
