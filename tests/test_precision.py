@@ -64,7 +64,8 @@ def test_auto_picks_bfloat16_weights_wherever_the_fast_kernels_run_and_float32_o
     ({"ONEDNN_MAX_CPU_ISA": "AVX2"}, "avx2"),
     ({"ONEDNN_MAX_CPU_ISA": "avx512_core"}, "avx512"),
     ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI"}, "avx512"),
-    ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}, None),       # a cap at bf16 or above takes nothing away
+    ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}, "avx512bf16"),   # native bfloat16, no AMX tiles
+    ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX"}, None),        # a cap at AMX or above takes nothing away
 ])
 def test_the_emulation_switches_name_a_cpu_class_that_kernels_and_precision_both_follow(env, cls, monkeypatch):
     """One environment emulates a smaller CPU for torch, oneDNN, our kernels' ISA and the
@@ -77,7 +78,12 @@ def test_the_emulation_switches_name_a_cpu_class_that_kernels_and_precision_both
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setattr(device, "cpu_flags", lambda: {"avx2", "fma", "avx512f", "avx512_bf16"})
+    zen4 = {"avx2", "fma", "avx512f", "avx512_bf16"}
+    monkeypatch.setattr(device, "cpu_flags", lambda: zen4)
     assert cpu_class_cap() == cls
-    assert kernels.isa() == {None: "avx512bf16", "avx512": "avx512", "avx2": "avx2", "none": None}[cls]
-    assert precision.cpu_has_native_bf16() == (cls is None)
+    assert kernels.isa() == {None: "avx512bf16", "avx512bf16": "avx512bf16", "avx512": "avx512", "avx2": "avx2",
+                             "none": None}[cls]
+    assert precision.cpu_has_native_bf16() == (cls in (None, "avx512bf16"))
+    monkeypatch.setattr(device, "cpu_flags", lambda: zen4 | {"amx_tile", "amx_bf16"})      # a Sapphire Rapids Xeon
+    assert kernels.isa() == {None: "amx", "avx512bf16": "avx512bf16", "avx512": "avx512", "avx2": "avx2",
+                             "none": None}[cls]

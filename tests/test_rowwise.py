@@ -320,7 +320,8 @@ def test_a_rows_bits_do_not_depend_on_the_register_block_shape(tmp_path):
     import subprocess
 
     kind = kernels.isa()
-    other_shape = ["-DGV=2", "-DMB=6"] if kind == "avx2" else ["-DGV=2", "-DMB=12"]   # the former shapes
+    other_shape = {"avx2": ["-DGV=2", "-DMB=6"],          # the former shapes
+                   "amx": ["-DMB=12", "-DAMX_ROWS=8"]}.get(kind, ["-DGV=2", "-DMB=12"])   # AMX: 8-row tiles
     out = tmp_path / "rowwise-other.so"
     cmd = kernels.command(kind, kernels.compiler(), out)
     subprocess.run(cmd[:1] + other_shape + cmd[1:], check=True, capture_output=True)
@@ -459,3 +460,32 @@ def test_forward_eager_switches_the_fast_forward_off():
 
     with pytest.raises(ValueError, match="forward must be one of"):
         load_target(None, forward="fast-please")
+
+
+@pytest.mark.skipif(kernels.isa() != "amx", reason="no AMX tiles on this CPU")
+def test_bfloat16_linears_run_on_amx_tiles_where_the_cpu_has_them(tmp_path):
+    """On a Xeon with AMX the bfloat16 linears run on tiles of 16 rows (a forward over 16
+    rows reads each weight once). The tiles round inside a k-pair differently from
+    VDPBF16PS, so a build without them gives other bits: the evidence that they ran. A
+    linear whose K is no whole number of 16-pair tiles keeps VDPBF16PS, for every row count."""
+    import ctypes
+    import subprocess
+
+    assert kernels.amx() and kernels.block_rows() == 16      # Linux >= 5.16 grants the tile state
+    out = tmp_path / "rowwise-avx512bf16.so"
+    subprocess.run(kernels.command("avx512bf16", kernels.compiler(), out), check=True, capture_output=True)
+    vdp, ours = kernels.declare(ctypes.CDLL(str(out)), "avx512bf16"), kernels.load()
+    g = torch.Generator().manual_seed(7)
+    results = {}
+    try:
+        for name, lib in (("vdp", vdp), ("amx", ours)):
+            kernels._lib = lib
+            results[name] = [kernels.linear(torch.randn(5, K, generator=torch.Generator().manual_seed(K)),
+                                            kernels.Packed(torch.randn(96, K, generator=g).bfloat16()))
+                             for K in (576, 40)]
+            g.manual_seed(7)
+    finally:
+        kernels._lib = ours
+    assert not torch.equal(results["vdp"][0], results["amx"][0])     # K = 576: 18 tiles of k-pairs
+    torch.testing.assert_close(results["vdp"][0], results["amx"][0], rtol=1e-5, atol=1e-5)
+    assert torch.equal(results["vdp"][1], results["amx"][1])         # K = 40: not whole tiles

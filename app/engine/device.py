@@ -28,9 +28,10 @@ def cpu_flags() -> set[str]:
     return set()
 
 
-# oneDNN's ISA caps (ONEDNN_MAX_CPU_ISA) below AVX512_CORE_BF16, by the CPU class they stand for
+# oneDNN's ISA caps (ONEDNN_MAX_CPU_ISA) below AVX512_CORE_AMX, by the CPU class they stand for
 _ONEDNN_CAPS = {"SSE41": "avx2", "AVX": "avx2", "AVX2": "avx2", "AVX2_VNNI": "avx2",
-                "AVX512_CORE": "avx512", "AVX512_CORE_VNNI": "avx512"}
+                "AVX512_CORE": "avx512", "AVX512_CORE_VNNI": "avx512",
+                "AVX512_CORE_BF16": "avx512bf16", "AVX512_CORE_FP16": "avx512bf16"}
 
 
 def cpu_class_cap() -> str | None:
@@ -39,7 +40,10 @@ def cpu_class_cap() -> str | None:
     * "none": no vector kernels (``ATEN_CPU_CAPABILITY=default``);
     * "avx2": an AVX2-only CPU (``ATEN_CPU_CAPABILITY=avx2``, or oneDNN capped at AVX2 or below);
     * "avx512": AVX-512 without native bfloat16, a Skylake / Cascade Lake Xeon
-      (``ONEDNN_MAX_CPU_ISA=AVX512_CORE`` or ``AVX512_CORE_VNNI``).
+      (``ONEDNN_MAX_CPU_ISA=AVX512_CORE`` or ``AVX512_CORE_VNNI``);
+    * "avx512bf16": AVX-512 with native bfloat16 dot products but no AMX tiles, a Cooper
+      Lake Xeon or an AMD Zen 4 (``ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16``: on a Sapphire
+      Rapids Xeon it switches AMX off, for oneDNN and our kernels alike).
 
     These are the switches that make torch and oneDNN emulate the smaller CPU, so the
     kernels' ISA (``kernels.isa``) and "is bfloat16 native" (``precision``) follow them too."""

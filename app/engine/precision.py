@@ -35,7 +35,7 @@ def cpu_has_native_bf16() -> bool:
     """AVX512-BF16 or AMX-BF16 in the CPU flags (Linux); False where they cannot be read, and
     where the environment emulates a CPU without them (``device.cpu_class_cap``: e.g.
     ``ATEN_CPU_CAPABILITY=avx2``, ``ONEDNN_MAX_CPU_ISA=AVX512_CORE``)."""
-    if cpu_class_cap() is not None:
+    if cpu_class_cap() not in (None, "avx512bf16"):
         return False
     return bool({"avx512_bf16", "amx_bf16"} & device.cpu_flags())
 

@@ -6,7 +6,8 @@ then keeps its eager forward. The shared library is compiled once per (source, I
 compiler) into ``cache_dir()/kernels`` (about a second with gcc) and loaded from there on
 every later start.
 
-ISA: AVX-512 where the CPU has it, else AVX2 + FMA. ``ATEN_CPU_CAPABILITY=avx2`` (the
+ISA: AVX-512 where the CPU has it (with AMX tiles for the bfloat16 linears where the CPU
+and the OS allow them, ``amx()``), else AVX2 + FMA. ``ATEN_CPU_CAPABILITY=avx2`` (the
 switch that makes torch treat an AVX-512 CPU as AVX2-only) makes these kernels do the same,
 so one environment emulates an AVX2 machine for the whole forward; likewise
 ``ONEDNN_MAX_CPU_ISA=AVX512_CORE`` an AVX-512 CPU without native bfloat16
@@ -28,7 +29,8 @@ from app.engine.device import cache_dir, cpu_class_cap, cpu_flags  # noqa: F401 
 from app.engine.kernels import hugepages
 
 SOURCE = Path(__file__).with_name("rowwise.c")
-FLAGS = {"avx512bf16": ["-mavx512f", "-mavx512bf16", "-mavx2", "-mfma"],
+FLAGS = {"amx": ["-mamx-tile", "-mamx-bf16", "-mavx512f", "-mavx512bf16", "-mavx2", "-mfma"],
+         "avx512bf16": ["-mavx512f", "-mavx512bf16", "-mavx2", "-mfma"],
          "avx512": ["-mavx512f", "-mavx2", "-mfma"], "avx2": ["-mavx2", "-mfma"]}
 
 _lib = None
@@ -48,8 +50,8 @@ class Layer(ctypes.Structure):
 
 
 def isa() -> str | None:
-    """The vector ISA to build for: avx512bf16 (AVX-512 with native bfloat16 dot products),
-    avx512, avx2, or None (no kernels on this CPU)."""
+    """The vector ISA to build for: amx (AVX-512 with native bfloat16 and AMX tiles),
+    avx512bf16 (native bfloat16 dot products), avx512, avx2, or None (no kernels on this CPU)."""
     flags = device.cpu_flags()
     if not {"avx2", "fma"} <= flags:
         return None
@@ -57,7 +59,9 @@ def isa() -> str | None:
     if cap == "none":
         return None
     if "avx512f" in flags and cap != "avx2":
-        return "avx512bf16" if "avx512_bf16" in flags and cap is None else "avx512"
+        if "avx512_bf16" not in flags or cap == "avx512":
+            return "avx512"
+        return "amx" if {"amx_tile", "amx_bf16"} <= flags and cap is None else "avx512bf16"
     return "avx2"
 
 
@@ -172,6 +176,10 @@ def declare(lib, kind: str):
                                           ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
     except AttributeError:      # a build of an older source (--baseline)
         pass
+    try:
+        lib.rowwise_amx.restype, lib.rowwise_amx.argtypes = ctypes.c_int, []
+    except AttributeError:      # a build of an older source (--baseline)
+        lib.rowwise_amx = lambda: 0
     lib.kind = kind
     return lib
 
@@ -258,9 +266,17 @@ def group() -> int:
     return (_lib or load()).rowwise_group()
 
 
+def amx() -> bool:
+    """Whether this process's bfloat16 linears run on AMX tiles (a Sapphire Rapids or later
+    Xeon whose kernel granted the tile state; ``ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16`` turns
+    them off)."""
+    lib = _lib or load()
+    return bool(lib is not None and lib.rowwise_amx())
+
+
 def block_rows() -> int:
-    """Rows of x in one register block (``rowwise.c``'s MB): 8 with AVX-512, 4 with AVX2. A
-    linear over at most this many rows reads its weight once; more rows read it again (from
+    """Rows of x in one register block (``rowwise.c``'s MB): 8 with AVX-512, 4 with AVX2, or
+    in one AMX tile: 16. A linear over at most this many rows reads its weight once; more rows read it again (from
     the cache) per further block."""
     return (_lib or load()).rowwise_block_rows()
 

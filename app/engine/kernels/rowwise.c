@@ -220,7 +220,6 @@ static inline void n_store(float *p, vn a) { _mm256_storeu_ps(p, a); }
 #define PREFETCH_ROWS 32
 
 int rowwise_group(void) { return G; }
-int rowwise_block_rows(void) { return MB; }
 
 /* One block: rows [0, mb) of x against one packed group (K x G). `mb` is a compile-time
  * constant at every call site (the switch below), so the loops unroll into registers. */
@@ -354,6 +353,98 @@ static void groups_dp(const uint32_t *xp, int M, const uint16_t *w, int g0, int 
 int rowwise_bf16_pairs(void) { return 0; }
 #endif
 
+/* AMX (Sapphire Rapids and later Xeons): TDPBF16PS multiplies a tile of up to 16 rows by
+ * 32 k (16 k-pairs) of bfloat16 against a tile of 16 k-pairs by 16 columns, in one
+ * instruction, into a 16 x 16 float32 tile. It reads the same packed weights as VDPBF16PS:
+ * a group's k-pairs kp0 .. kp0+15 for columns v*16 .. v*16+15 are 16 rows of 64 bytes, one
+ * group row (G columns x 2) apart. With a few rows per step the dot products cost next to
+ * nothing beside the weights' reading (a tile of 16 rows costs the same instruction as one
+ * row), so a forward over 16 rows costs about one over 1 row: a larger draft tree is nearly
+ * free to verify.
+ *
+ * Rows are processed in tiles of 16 (x padded with zero rows), columns in GV = 3 tiles of
+ * 16, k-pairs in tiles of 16 ascending. The arithmetic of an element is the hardware's
+ * fixed sequence over ascending k-pairs, whatever the other rows of its tile hold, so a
+ * row's bits do not depend on the rows beside it. They are not VDPBF16PS's bits (the
+ * instructions round inside a pair differently), so whether a linear runs on AMX depends
+ * on its K alone (whole tiles of 16 k-pairs: K a multiple of 32), never on its rows. */
+#if defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define AMX_KP 16                        /* k-pairs in a tile: 64 bytes a tile row */
+#ifndef AMX_ROWS
+#define AMX_ROWS 16                      /* rows of x in a tile (at most 16); -DAMX_ROWS=.. for the tests */
+#endif
+#define ARCH_REQ_XCOMP_PERM 0x1023       /* Linux: ask to use a dynamically enabled state... */
+#define XFEATURE_XTILEDATA 18            /* ...the AMX tile data */
+static int amx_granted = -1;             /* -1: not asked yet */
+#ifndef AMX_PREFETCH
+#define AMX_PREFETCH (4 * AMX_KP * G * 4)     /* bytes: the weights 4 tiles of k-pairs ahead */
+#endif
+
+/* 1 when this process may run AMX (Linux grants the tile state on request, once). */
+int rowwise_amx(void) {
+    if (amx_granted < 0) amx_granted = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+    return amx_granted;
+}
+
+struct tile_config {                     /* palette 1: 8 tiles, each up to 16 rows of 64 bytes */
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+/* tiles 0-2: y's columns v*16 .. +15 (AMX_ROWS rows of float32); tile 3: AMX_ROWS rows of x,
+ * 16 k-pairs; tiles 4-6: 16 k-pairs of the weights, 16 columns each */
+static void amx_configure(void) {
+    struct tile_config c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 7; t++) { c.rows[t] = t < 4 ? AMX_ROWS : AMX_KP; c.colsb[t] = 64; }
+    _tile_loadconfig(&c);
+}
+
+#if G != 48
+#error "the AMX path covers a group with three 16-column tiles (GV = 3)"
+#endif
+static void groups_amx(const uint16_t *xp, int M, const uint16_t *w, int g0, int g1, int N, int Kp,
+                       float *y, long ldy) {
+    amx_configure();
+    float out[AMX_ROWS][G];
+    for (int g = g0; g < g1; g++) {
+        const uint16_t *wg = w + (long)g * Kp * G * 2;
+        int ncols = N - g * G < G ? N - g * G : G;
+        for (int m = 0; m < M; m += AMX_ROWS) {
+            const uint16_t *xb = xp + (long)m * Kp * 2;
+            _tile_zero(0); _tile_zero(1); _tile_zero(2);
+            for (int kp = 0; kp < Kp; kp += AMX_KP) {
+                const uint16_t *wk = wg + (long)kp * G * 2;
+                const char *ahead = (const char *)wk + AMX_PREFETCH;
+                for (int line = 0; line < AMX_KP * G * 4; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+                _tile_loadd(3, xb + kp * 2, Kp * 4);            /* AMX_ROWS rows of x, 16 k-pairs */
+                _tile_loadd(4, wk, G * 4);                      /* 16 k-pairs x columns 0..15 */
+                _tile_loadd(5, wk + 32, G * 4);                 /* columns 16..31 */
+                _tile_loadd(6, wk + 64, G * 4);                 /* columns 32..47 */
+                _tile_dpbf16ps(0, 3, 4);
+                _tile_dpbf16ps(1, 3, 5);
+                _tile_dpbf16ps(2, 3, 6);
+            }
+            _tile_stored(0, &out[0][0], G * 4);
+            _tile_stored(1, &out[0][16], G * 4);
+            _tile_stored(2, &out[0][32], G * 4);
+            int rows = M - m < AMX_ROWS ? M - m : AMX_ROWS;
+            for (int i = 0; i < rows; i++) memcpy(y + (long)(m + i) * ldy + (long)g * G, out[i], sizeof(float) * ncols);
+        }
+    }
+    _tile_release();
+}
+#else
+int rowwise_amx(void) { return 0; }
+#define AMX_ROWS MB
+#endif
+/* Rows a linear reads its weights once for (the larger blocks re-read them from the cache). */
+int rowwise_block_rows(void) { return rowwise_amx() ? AMX_ROWS : MB; }
+
 /* y (M, N), row stride ldy  =  x (M, K), row stride ldx  @  W.T, W packed as above.
  * wbf16: the packed weight holds bfloat16 (uint16) rather than float32. */
 void rowwise_linear(const float *x, long ldx, int M, const void *w, int wbf16, int N, int K,
@@ -362,9 +453,15 @@ void rowwise_linear(const float *x, long ldx, int M, const void *w, int wbf16, i
     if (threads > groups) threads = groups;
     uint16_t *xb = NULL;                  /* native bfloat16: the rows, rounded once, in k-pairs */
     int Kp = (K + 1) / 2;
+#if defined(__AMX_BF16__) && defined(__AVX512BF16__)
+    int amx = wbf16 && Kp % AMX_KP == 0 && rowwise_amx();
+    int Mp = amx ? (M + AMX_ROWS - 1) / AMX_ROWS * AMX_ROWS : M;   /* whole tiles of rows, zero-padded */
+#else
+    int amx = 0, Mp = M;
+#endif
 #if defined(__AVX512BF16__)
     if (wbf16) {
-        xb = (uint16_t *)calloc((size_t)M * Kp * 2, sizeof(uint16_t));
+        xb = (uint16_t *)calloc((size_t)Mp * Kp * 2, sizeof(uint16_t));
         for (int i = 0; i < M; i++) {
             int k = 0;
             for (; k + 16 <= K; k += 16)       /* VCVTNEPS2BF16: round to nearest even, as f32_to_bf16 */
@@ -382,6 +479,10 @@ void rowwise_linear(const float *x, long ldx, int M, const void *w, int wbf16, i
         int t = 0, nt = 1;
 #endif
         int g0 = (int)((long)groups * t / nt), g1 = (int)((long)groups * (t + 1) / nt);
+#if defined(__AMX_BF16__) && defined(__AVX512BF16__)
+        if (amx) groups_amx(xb, M, (const uint16_t *)w, g0, g1, N, Kp, y, ldy);
+        else
+#endif
 #if defined(__AVX512BF16__)
         if (xb) groups_dp((const uint32_t *)xb, M, (const uint16_t *)w, g0, g1, N, Kp, y, ldy);
         else
