@@ -53,6 +53,8 @@ def test_bench_cli_end_to_end(tiny_folders, tmp_path, capsys, monkeypatch):
     md = (out / "results.md").read_text()
     assert md.strip() == stdout.strip()
     assert "× hf-fp32" in md
+    # the tables name the target forward they were measured on (which kernels, e.g. AMX tiles)
+    assert doc["meta"]["forward"] and f"target forward {doc['meta']['forward']}," in md
     assert (out / "plots.html").stat().st_size > 1000
 
     labels = ["hf", "hf-pld", "hf-fp32", "vanilla", "dynamic", "dynamic:8/2/2"]

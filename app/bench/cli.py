@@ -181,7 +181,8 @@ def run_benchmark(engines, args, suites, specs, sampling) -> int:
         if spec.adaptive:
             lookup = spec.lookup if spec.lookup is not None else args.lookup
             start, adapter, choice = adapter_for(engines[spec.head], spec.tree, measure=True, lookup=lookup)
-            specs[i] = replace(spec, tree=start, candidates=tuple(adapter.candidates), prior_tau=adapter.prior_tau)
+            specs[i] = replace(spec, tree=start, candidates=tuple(adapter.candidates), prior_tau=adapter.prior_tau,
+                               adapter=adapter)
             print(f"[bench] {spec.label}: adapts over "
                   + ", ".join(adapter._key(t) for t in adapter.candidates), file=sys.stderr)
         if spec.auto:
@@ -242,6 +243,7 @@ def run_benchmark(engines, args, suites, specs, sampling) -> int:
     meta = {
         "command": _command(args), "started": started, "wall_s": time.perf_counter() - t_start,
         "machine": _machine(), "device": str(engine.target.device), "dtype": str(engine.target.dtype).replace("torch.", ""),
+        "forward": engine.decoder.name,
         "threads": governor.text() if governor.fixed is not None else
         f"auto (per prompt, the same for its methods, timed every {int(REUSE_S)} s; runs): "
         + ", ".join(f"{n} thread(s) x{sum(r.threads == n for r in records)}" for n in sorted({r.threads for r in records})),

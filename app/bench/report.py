@@ -122,7 +122,8 @@ def markdown_report(summary: dict, meta: dict) -> str:
     lines = ["# Benchmark", ""]
     lines.append(f"`{meta['command']}`")
     lines.append("")
-    lines.append(f"- machine: {meta['machine']}; device {meta['device']}, dtype {meta['dtype']}, "
+    forward = f", target forward {meta['forward']}" if meta.get("forward") else ""
+    lines.append(f"- machine: {meta['machine']}; device {meta['device']}, dtype {meta['dtype']}{forward}, "
                  f"torch threads {meta['threads']}, load average at start {meta['load_start']}, at end {meta.get('load_end')}")
     lines.append(f"- target: {meta['target']}; draft head: {meta['head']}")
     lines.append(f"- {meta['max_new_tokens']} new tokens max, temperature {meta['temperature']}, "

@@ -16,7 +16,8 @@
  *   linear     y[m][n] = one multiply-add chain over k in order (see below). Rows are
  *              processed in register blocks of up to MB (the weights are read once per
  *              block and its rows reuse them from registers); the arithmetic per element
- *              is the same in every block shape.
+ *              is the same in every block shape. On AMX, bfloat16 rows go in tiles of 16
+ *              (see groups_amx).
  *   attention  for each (row, head): scores in key order, max, exp, sum in key order,
  *              output accumulated in key order; one (row, head) never looks at another,
  *              and keys a row may not see contribute exactly nothing.
@@ -29,7 +30,8 @@
  * products (AVX512-BF16) a row is rounded to bfloat16 once before a product.
  *
  * Built by app/engine/kernels/__init__.py with gcc, once per CPU kind, for AVX-512 (with or
- * without BF16) or AVX2 + FMA (chosen at run time), and called through ctypes.
+ * without BF16, with or without AMX tiles) or AVX2 + FMA (chosen at run time), and called
+ * through ctypes.
  */
 #include <immintrin.h>
 #include <math.h>
