@@ -276,8 +276,8 @@ def amx() -> bool:
 
 def block_rows() -> int:
     """Rows of x in one register block (``rowwise.c``'s MB): 8 with AVX-512, 4 with AVX2, or
-    in one AMX tile: 16. A linear over at most this many rows reads its weight once; more rows read it again (from
-    the cache) per further block."""
+    in one AMX tile: 16. A linear over at most this many rows reads its weight once; more
+    rows read it again (from the cache) per further block."""
     return (_lib or load()).rowwise_block_rows()
 
 
