@@ -181,8 +181,7 @@ def run_benchmark(engines, args, suites, specs, sampling) -> int:
         if spec.adaptive:
             lookup = spec.lookup if spec.lookup is not None else args.lookup
             start, adapter, choice = adapter_for(engines[spec.head], spec.tree, measure=True, lookup=lookup)
-            specs[i] = replace(spec, tree=start, candidates=tuple(adapter.candidates), prior_tau=adapter.prior_tau,
-                               adapter=adapter)
+            specs[i] = replace(spec, tree=start, candidates=tuple(adapter.candidates), prior_tau=adapter.prior_tau)
             print(f"[bench] {spec.label}: adapts over "
                   + ", ".join(adapter._key(t) for t in adapter.candidates), file=sys.stderr)
         if spec.auto:
