@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from app.bench.runners import parse_methods
-from app.engine.adapt import AUTO_LOOKUP, TreeAdapter, adapter_for, chain
+from app.engine.adapt import AUTO_LOOKUP, WIDE_LOOKUP, TreeAdapter, adapter_for, auto_lookup, chain
 from app.engine.config import SamplingConfig, TreeConfig
 from app.engine.drafters.pld import NgramIndex, lookup
 from app.engine.engine import Engine
@@ -219,8 +219,14 @@ def test_the_auto_tree_verifies_a_branch_unless_told_not_to(tiny):
     target, head = tiny
     engine = Engine(target, head)
     start, adapter, _ = adapter_for(engine, TreeConfig(), measure=False)
-    assert start.lookup == AUTO_LOOKUP and all(t.lookup == AUTO_LOOKUP for t in adapter.candidates if t.uses_draft)
-    assert adapter.largest(start).lookup == AUTO_LOOKUP
+    n = auto_lookup(engine)
+    assert start.lookup == n and all(t.lookup == n for t in adapter.candidates if t.uses_draft)
+    assert adapter.largest(start).lookup == n
+    # the branch may copy more where the verify forward takes 16 rows for the price of one (AMX)
+    for free, expected in ((None, AUTO_LOOKUP), (4, AUTO_LOOKUP), (8, AUTO_LOOKUP), (16, WIDE_LOOKUP)):
+        engine.free_rows = free
+        assert auto_lookup(engine) == expected
+        assert adapter_for(engine, TreeConfig(), measure=False)[0].lookup == expected
     start, adapter, _ = adapter_for(engine, TreeConfig(), measure=False, lookup=0)
     assert all(t.lookup == 0 for t in adapter.candidates)
     specs = parse_methods("dynamic:4/2/2+lookup3,dynamic:adaptive+lookup0,dynamic", TreeConfig())

@@ -366,11 +366,16 @@ def test_cost_curves_are_keyed_by_the_kernel_source(monkeypatch, tmp_path):
 def test_the_lm_head_batches_every_row_of_trees_within_one_register_block():
     """Up to a block of rows the LM head reads its weight once, so verify computes every
     row's logits in one call (``lm_head_all_rows_up_to``); beyond that only the rows
-    verification can visit. The threshold follows the build's block height."""
-    tiny = tiny_target(seed=4)
-    decoder = forward.decoder_forward(Target(model=tiny.model, tokenizer=tiny.tokenizer, name="tiny",
-                                             device=tiny.device, dtype=torch.float32))
-    assert decoder.lm_head_all_rows_up_to == kernels.block_rows() == kernels.load().rowwise_block_rows()
+    verification can visit. The threshold follows the build's block height for the weights'
+    dtype (AMX tiles hold 16 rows of bfloat16; float32 weights keep the register block)."""
+    lib = kernels.load()
+    for dtype, rows in ((torch.float32, lib.rowwise_block_rows_f32()), (torch.bfloat16, lib.rowwise_block_rows())):
+        tiny = tiny_target(seed=4)
+        tiny.model.to(dtype)
+        decoder = forward.decoder_forward(Target(model=tiny.model, tokenizer=tiny.tokenizer, name="tiny",
+                                                 device=tiny.device, dtype=dtype))
+        assert decoder.lm_head_all_rows_up_to == kernels.block_rows(bf16=dtype == torch.bfloat16) == rows
+    assert lib.rowwise_block_rows() == (16 if kernels.amx() else lib.rowwise_block_rows_f32())
 
 
 @pytest.mark.parametrize("heads,kv_heads,d", [(9, 3, 64), (10, 2, 32), (8, 1, 48), (4, 4, 64)])

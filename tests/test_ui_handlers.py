@@ -651,9 +651,10 @@ def test_load_context_sizes_the_default_tree_for_this_machine(tiny, tmp_path, mo
     blocks = {getattr(c, "elem_id", None): c for c in build_demo(ctx, demos={}).blocks.values()}
     assert blocks["depth"].value == tree.depth
     # beside it a prompt-lookup branch, as the CLI's auto tree has: in the lookup knob and the header
-    from app.engine.adapt import AUTO_LOOKUP
-    assert tree.lookup == AUTO_LOOKUP and blocks["lookup"].value == AUTO_LOOKUP
-    assert f"prompt-lookup branch** beside it (up to {AUTO_LOOKUP} tokens" in blocks["header"].value
+    from app.engine.adapt import auto_lookup
+    lookup = auto_lookup(ctx.engine)           # 3, or 8 where the verify forward has 16 free rows (AMX)
+    assert tree.lookup == lookup and blocks["lookup"].value == lookup
+    assert f"prompt-lookup branch** beside it (up to {lookup} tokens" in blocks["header"].value
     # the tab "Tree size for this machine" shows the report behind the choice
     assert ctx.tree_choice["tree"]["total_tokens"] == tree.total_tokens
     assert f"total_tokens {tree.total_tokens}, depth {tree.depth}, top_k {tree.top_k}" in blocks["tree-size-text"].value
@@ -789,6 +790,9 @@ def test_an_adaptive_run_changes_its_tree_and_the_step_account_says_so(ctx):
     assert "measure" in text                     # the adapter's reason: a first try measures a candidate
     assert session.summary.token_ids == session.race_vanilla.summary.token_ids
     assert "identical" in views[-1]["speedup"]
+    # the lookup knob reaches every tree the run adapts over
+    list(handlers.generate(ctx, session, **{**BASE, "max_new_tokens": 8, "adapt": True, "lookup": 1}))
+    assert {t.lookup for t in session.adapter.candidates if t.uses_draft} == {1}
     # a step that kept its tree says nothing of a change: the adapter picks by measured speed,
     # so on some machines every step of this run changes; a fixed tree's steps never do
     fixed = Session()

@@ -49,7 +49,7 @@ class MethodSpec:
     auto: bool = False
     adaptive: bool = False            # dynamic:adaptive: the tree adapts while decoding (app.engine.adapt)
     lookup: int | None = None         # +lookupN: a prompt-lookup branch of N tokens (None: --lookup, else
-                                      # none for a fixed tree and AUTO_LOOKUP for the adaptive one)
+                                      # none for a fixed tree and auto_lookup for the adaptive one)
     candidates: tuple = ()            # ... between these trees
     prior_tau: dict | None = None
     head: str | None = None           # "@HEAD" of the label: another EAGLE head (folder or shipped name)

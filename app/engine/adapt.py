@@ -42,6 +42,16 @@ VANILLA = TreeConfig(method="vanilla")
 # (``TreeConfig.lookup``): on the six evaluation suites it raised tau at 4/2/2 from 1.84 to
 # 2.12 and tokens/s by 13% over the head's tree alone (benchmarks/fast-forward/lookup-branch.md).
 AUTO_LOOKUP = 3
+# ... and this many where the verify forward takes 16 rows for the price of one (AMX tiles):
+# there a branch of 8 beat one of 3 by 2-7% in three runs (benchmarks/fast-forward/amx.md).
+WIDE_LOOKUP = 8
+
+
+def auto_lookup(engine) -> int:
+    """The prompt-lookup branch of the adaptive default on ``engine``: ``WIDE_LOOKUP`` where its
+    verify forward computes 16 rows at the cost of one (``Engine.free_rows``), else
+    ``AUTO_LOOKUP``."""
+    return WIDE_LOOKUP if (getattr(engine, "free_rows", None) or 0) >= 16 else AUTO_LOOKUP
 
 
 # Small EAGLE-2 trees (total/depth/top_k) beside the chains: where a forward over 4-5 rows
@@ -219,7 +229,7 @@ def adapter_for(engine, base: TreeConfig = TreeConfig(), measure: bool = False, 
     """The adaptive "auto" tree for ``engine``: (start tree, TreeAdapter, TreeChoice or None).
 
     Every candidate that drafts also verifies a prompt-lookup branch of ``lookup`` tokens
-    (None: ``AUTO_LOOKUP``; 0: none).
+    (None: ``auto_lookup(engine)``; 0: none).
 
     With a kept profile of this machine (``autotune``: cost curve + calibration) the tuned
     tree joins the candidates and the calibration's tau of each candidate is the adapter's
@@ -227,7 +237,7 @@ def adapter_for(engine, base: TreeConfig = TreeConfig(), measure: bool = False, 
     and lets the run's own measurements decide (no foreground calibration), while
     ``measure=True`` measures the profile first (seconds to a minute on a CPU, then kept).
     """
-    base = replace(base, lookup=AUTO_LOOKUP if lookup is None else lookup)
+    base = replace(base, lookup=auto_lookup(engine) if lookup is None else lookup)
     tree, choice = choose_tree(engine, base=base, measure=measure, progress=progress)
     if choice is None:
         return chain(2, base), TreeAdapter(default_candidates(base=base)), None

@@ -64,8 +64,8 @@ class RowwiseLlamaDecoder(FusedLlamaDecoder):
         # verify runs the LM head over every row of trees up to this size in one call: a call
         # reads the (V, H) weight once for up to a register block of rows, so computing the
         # leaves too costs less than a second call for the accepted leaf's bonus token
-        self.lm_head_all_rows_up_to = kernels.block_rows()
         self.dtype = next(model.parameters()).dtype
+        self.lm_head_all_rows_up_to = kernels.block_rows(bf16=self.dtype == torch.bfloat16)
         for w in self.layers:
             for key in ("qkv", "o", "gate_up", "down"):
                 w[key] = kernels.Packed(w[key])

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from app.engine import loading
-from app.engine.adapt import AUTO_LOOKUP
+from app.engine.adapt import auto_lookup
 from app.engine.autotune import choose_tree
 from app.engine.config import GenerationLimits, TreeConfig
 from app.engine.factory import load_engine
@@ -202,7 +202,7 @@ def _load_context(config: ServerConfig, engine_thread: EngineThread, log) -> App
         # beside the head's tree, a prompt-lookup branch, as the CLI's auto tree has: on the
         # six suites it took the sized tree from 1.23x to 1.39x our vanilla here
         # (benchmarks/fast-forward/lookup-branch.md); the page's lookup knob turns it off
-        tree = replace(tree, lookup=AUTO_LOOKUP)
+        tree = replace(tree, lookup=auto_lookup(engine))
     return AppContext(engine, config, note, missing, tree_defaults=tree, tree_choice=choice,
                       engine_thread=engine_thread, heads=heads)
 

@@ -178,6 +178,7 @@ def declare(lib, kind: str):
         pass
     try:
         lib.rowwise_amx.restype, lib.rowwise_amx.argtypes = ctypes.c_int, []
+        lib.rowwise_block_rows_f32.restype = ctypes.c_int
     except AttributeError:      # a build of an older source (--baseline)
         lib.rowwise_amx = lambda: 0
     lib.kind = kind
@@ -274,11 +275,12 @@ def amx() -> bool:
     return bool(lib is not None and lib.rowwise_amx())
 
 
-def block_rows() -> int:
+def block_rows(bf16: bool = True) -> int:
     """Rows of x in one register block (``rowwise.c``'s MB): 8 with AVX-512, 4 with AVX2, or
-    in one AMX tile: 16. A linear over at most this many rows reads its weight once; more
-    rows read it again (from the cache) per further block."""
-    return (_lib or load()).rowwise_block_rows()
+    in one AMX tile: 16 (bfloat16 weights only). A linear over at most this many rows reads
+    its weight once; more rows read it again (from the cache) per further block."""
+    lib = _lib or load()
+    return lib.rowwise_block_rows() if bf16 or not amx() else lib.rowwise_block_rows_f32()
 
 
 class Packed:

@@ -444,8 +444,10 @@ static void groups_amx(const uint16_t *xp, int M, const uint16_t *w, int g0, int
 int rowwise_amx(void) { return 0; }
 #define AMX_ROWS MB
 #endif
-/* Rows a linear reads its weights once for (the larger blocks re-read them from the cache). */
+/* Rows a linear reads its weights once for (the larger blocks re-read them from the cache):
+ * bfloat16 weights (on AMX tiles where granted), float32 weights. */
 int rowwise_block_rows(void) { return rowwise_amx() ? AMX_ROWS : MB; }
+int rowwise_block_rows_f32(void) { return MB; }
 
 /* y (M, N), row stride ldy  =  x (M, K), row stride ldx  @  W.T, W packed as above.
  * wbf16: the packed weight holds bfloat16 (uint16) rather than float32. */

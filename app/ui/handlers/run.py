@@ -105,7 +105,8 @@ def tree_plan(ctx: AppContext, request: Request):
     measured in the foreground. Otherwise every step uses the request's tree."""
     if not (request.adapt and request.tree.method == "dynamic"):
         return request.tree, None
-    start, adapter, _ = ctx.engine_thread.call(adapter_for, ctx.engine, request.tree, measure=False)
+    start, adapter, _ = ctx.engine_thread.call(adapter_for, ctx.engine, request.tree, measure=False,
+                                               lookup=request.tree.lookup)     # the page's lookup knob
     return start, adapter
 
 
