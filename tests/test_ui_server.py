@@ -138,7 +138,10 @@ def _voluntary_switches_per_s(seconds: float = 2.0) -> float:
 def test_the_idle_server_does_not_busy_poll(server):
     # Gradio's queue polls every 1 ms by default (~900 wake-ups/s measured here); each one
     # would preempt an engine thread on a 2-core machine. calm_queue_polling brings it to ~60.
-    assert _voluntary_switches_per_s() < 300
+    # The quietest of four 1-second windows: the tail of the earlier tests' requests (closing
+    # streams, a last run's OpenMP threads going to sleep) can fill one window (524/s was
+    # seen once), a queue that polls every millisecond fills all four.
+    assert min(_voluntary_switches_per_s(1.0) for _ in range(4)) < 300
 
 
 def test_time_app_run_sees_the_done_update(server):
