@@ -51,7 +51,7 @@ def auto_lookup(engine) -> int:
     """The prompt-lookup branch of the adaptive default on ``engine``: ``WIDE_LOOKUP`` where its
     verify forward computes 16 rows at the cost of one (``Engine.free_rows``), else
     ``AUTO_LOOKUP``."""
-    return WIDE_LOOKUP if (getattr(engine, "free_rows", None) or 0) >= 16 else AUTO_LOOKUP
+    return WIDE_LOOKUP if (engine.free_rows or 0) >= 16 else AUTO_LOOKUP
 
 
 # Small EAGLE-2 trees (total/depth/top_k) beside the chains: where a forward over 4-5 rows

@@ -178,9 +178,12 @@ def declare(lib, kind: str):
         pass
     try:
         lib.rowwise_amx.restype, lib.rowwise_amx.argtypes = ctypes.c_int, []
-        lib.rowwise_block_rows_f32.restype = ctypes.c_int
-    except AttributeError:      # a build of an older source (--baseline)
+    except AttributeError:      # a build of an older source (--baseline): no tiles
         lib.rowwise_amx = lambda: 0
+    try:
+        lib.rowwise_block_rows_f32.restype = ctypes.c_int
+    except AttributeError:      # a build of an older source (--baseline): one block height for both
+        lib.rowwise_block_rows_f32 = lib.rowwise_block_rows
     lib.kind = kind
     return lib
 
@@ -280,7 +283,7 @@ def block_rows(bf16: bool = True) -> int:
     in one AMX tile: 16 (bfloat16 weights only). A linear over at most this many rows reads
     its weight once; more rows read it again (from the cache) per further block."""
     lib = _lib or load()
-    return lib.rowwise_block_rows() if bf16 or not amx() else lib.rowwise_block_rows_f32()
+    return lib.rowwise_block_rows() if bf16 else lib.rowwise_block_rows_f32()
 
 
 class Packed:
