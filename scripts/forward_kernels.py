@@ -53,13 +53,17 @@ def copy_bandwidth(threads: int) -> float:
 
 
 def baseline_kernels(rev: str):
-    """The kernels library built from ``rowwise.c`` at git revision ``rev``."""
+    """The kernels library built from ``rowwise.c`` at git revision ``rev``, or from the
+    ``.c`` file at that path (a variant under test)."""
     import subprocess
     import tempfile
 
     root = Path(__file__).resolve().parents[1]
-    text = subprocess.run(["git", "show", f"{rev}:app/engine/kernels/rowwise.c"], cwd=root, check=True,
-                          capture_output=True, text=True).stdout
+    if rev.endswith(".c"):
+        text = Path(rev).read_text()
+    else:
+        text = subprocess.run(["git", "show", f"{rev}:app/engine/kernels/rowwise.c"], cwd=root,
+                              check=True, capture_output=True, text=True).stdout
     folder = Path(tempfile.mkdtemp(prefix="rowwise-baseline-"))
     (folder / "rowwise.c").write_text(text)
     return kernels.load_other(folder / "rowwise.c", folder / "rowwise.so")
@@ -128,14 +132,16 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--forwards", default="transformers,fused,onednn,rowwise")
     p.add_argument("--out", default=None, help="also write the markdown table here")
-    p.add_argument("--baseline", default=None, metavar="REV",
+    p.add_argument("--baseline", default=None, metavar="REV[,REV..]",
                    help="also time 'rowwise@REV': the one-call forward, on the same packed weights, with "
-                        "app/engine/kernels/rowwise.c as of git revision REV, interleaved with today's in "
+                        "app/engine/kernels/rowwise.c as of git revision REV (or a variant: a path ending "
+                        "in .c), interleaved with today's in "
                         "this process (a kernel change's effect, free of the drift between runs on a shared "
                         "machine and of where each copy of the weights lies in memory)")
     args = p.parse_args()
-    if args.baseline:
-        args.forwards += f",rowwise@{args.baseline}"
+    for rev in (args.baseline or "").split(","):
+        if rev:
+            args.forwards += f",rowwise@{rev}"
     sizes = [int(n) for n in args.sizes.split(",")]
     torch.set_num_threads(args.threads)
     models = {}
