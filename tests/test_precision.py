@@ -78,7 +78,7 @@ def test_the_emulation_switches_name_a_cpu_class_that_kernels_and_precision_both
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    zen4 = {"avx2", "fma", "avx512f", "avx512_bf16"}
+    zen4 = {"avx2", "fma", "avx512f", "avx512bw", "avx512_bf16"}
     monkeypatch.setattr(device, "cpu_flags", lambda: zen4)
     assert cpu_class_cap() == cls
     assert kernels.isa() == {None: "avx512bf16", "avx512bf16": "avx512bf16", "avx512": "avx512", "avx2": "avx2",
@@ -87,3 +87,5 @@ def test_the_emulation_switches_name_a_cpu_class_that_kernels_and_precision_both
     monkeypatch.setattr(device, "cpu_flags", lambda: zen4 | {"amx_tile", "amx_bf16"})      # a Sapphire Rapids Xeon
     assert kernels.isa() == {None: "amx", "avx512bf16": "avx512bf16", "avx512": "avx512", "avx2": "avx2",
                              "none": None}[cls]
+    monkeypatch.setattr(device, "cpu_flags", lambda: {"avx2", "fma", "avx512f"})     # no 16-bit shuffles (Xeon Phi)
+    assert kernels.isa() == (None if cls == "none" else "avx2")

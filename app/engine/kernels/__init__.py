@@ -29,9 +29,9 @@ from app.engine.device import cache_dir, cpu_class_cap, cpu_flags  # noqa: F401 
 from app.engine.kernels import hugepages
 
 SOURCE = Path(__file__).with_name("rowwise.c")
-FLAGS = {"amx": ["-mamx-tile", "-mamx-bf16", "-mavx512f", "-mavx512bf16", "-mavx2", "-mfma"],
-         "avx512bf16": ["-mavx512f", "-mavx512bf16", "-mavx2", "-mfma"],
-         "avx512": ["-mavx512f", "-mavx2", "-mfma"], "avx2": ["-mavx2", "-mfma"]}
+FLAGS = {"amx": ["-mamx-tile", "-mamx-bf16", "-mavx512f", "-mavx512bw", "-mavx512bf16", "-mavx2", "-mfma"],
+         "avx512bf16": ["-mavx512f", "-mavx512bw", "-mavx512bf16", "-mavx2", "-mfma"],
+         "avx512": ["-mavx512f", "-mavx512bw", "-mavx2", "-mfma"], "avx2": ["-mavx2", "-mfma"]}
 
 _lib = None
 _why_not: str | None = None
@@ -58,7 +58,7 @@ def isa() -> str | None:
     cap = cpu_class_cap()
     if cap == "none":
         return None
-    if "avx512f" in flags and cap != "avx2":
+    if {"avx512f", "avx512bw"} <= flags and cap != "avx2":     # BW: 16-bit shuffles (every AVX-512 Xeon)
         if "avx512_bf16" not in flags or cap == "avx512":
             return "avx512"
         return "amx" if {"amx_tile", "amx_bf16"} <= flags and cap is None else "avx512bf16"
@@ -184,6 +184,10 @@ def declare(lib, kind: str):
         lib.rowwise_block_rows_f32.restype = ctypes.c_int
     except AttributeError:      # a build of an older source (--baseline): one block height for both
         lib.rowwise_block_rows_f32 = lib.rowwise_block_rows
+    try:
+        lib.rowwise_bf16_unpack.restype = lib.rowwise_vector_width.restype = ctypes.c_int
+    except AttributeError:      # a build of an older source (--baseline): widened k-row by k-row
+        lib.rowwise_bf16_unpack = lambda: 0
     lib.kind = kind
     return lib
 
@@ -305,6 +309,20 @@ class Packed:
             if K % 2:
                 w = torch.cat([w, w.new_zeros(w.shape[0], 1)], dim=1)
             packed = w.view(-1, g, w.shape[1] // 2, 2).permute(0, 2, 1, 3)
+        elif self.bf16 and lib.rowwise_bf16_unpack():
+            # widened in registers by interleaving with zeros within 128-bit lanes (rowwise.c
+            # block_bf16): k in pairs, each pair GV chunks of (VW/4 lanes, 2 k, 4 columns)
+            vw = lib.rowwise_vector_width()
+            if K % 2:
+                w = torch.cat([w, w.new_zeros(w.shape[0], 1)], dim=1)
+            packed = (w.view(-1, g // vw, vw // 4, 4, w.shape[1] // 2, 2)   # (N/G, GV, q, e, K/2, s)
+                      .permute(0, 4, 1, 2, 5, 3))                           # (N/G, K/2, GV, q, s, e)
+            # the kernel loads an even k-row 4 words before its chunk: 16 words (32 bytes) of
+            # zeros in front keep the first one inside this buffer
+            lead = 16
+            buf = hugepages.to_huge(torch.cat([packed.new_zeros(lead), packed.reshape(-1)]))
+            self.data = buf[lead:]
+            return
         else:
             packed = w.view(-1, g, K).transpose(1, 2)                  # (N/G, K, G)
         # on 2 MB pages, next to the weight packed before it (a forward reads them in that order)

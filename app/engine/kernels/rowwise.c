@@ -47,10 +47,6 @@
 typedef __m512 v16;
 static inline v16 v_zero(void) { return _mm512_setzero_ps(); }
 static inline v16 v_load(const float *p) { return _mm512_loadu_ps(p); }
-static inline v16 v_load_bf16(const uint16_t *p) {
-    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-}
 static inline v16 v_set1(float a) { return _mm512_set1_ps(a); }
 static inline v16 v_fma(v16 a, v16 b, v16 c) { return _mm512_fmadd_ps(a, b, c); }
 static inline void v_store(float *p, v16 a) { _mm512_storeu_ps(p, a); }
@@ -64,11 +60,6 @@ static inline float v_hmax(v16 a) { return _mm512_reduce_max_ps(a); }
 typedef struct { __m256 lo, hi; } v16;
 static inline v16 v_zero(void) { v16 r = {_mm256_setzero_ps(), _mm256_setzero_ps()}; return r; }
 static inline v16 v_load(const float *p) { v16 r = {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; return r; }
-static inline __m256 bf16x8(const uint16_t *p) {
-    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
-}
-static inline v16 v_load_bf16(const uint16_t *p) { v16 r = {bf16x8(p), bf16x8(p + 8)}; return r; }
 static inline v16 v_set1(float a) { v16 r = {_mm256_set1_ps(a), _mm256_set1_ps(a)}; return r; }
 static inline v16 v_fma(v16 a, v16 b, v16 c) {
     v16 r = {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
@@ -193,19 +184,28 @@ typedef v16 vn;                          /* the native vector is the 16-float on
 #define VW 16
 #define n_zero v_zero
 #define n_load v_load
-#define n_load_bf16 v_load_bf16
 #define n_set1 v_set1
 #define n_fma v_fma
 #define n_store v_store
+/* bfloat16 -> float32: a zero word below each of the 4 upper words of every 128-bit lane */
+static inline vn n_bf16_hi(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_unpackhi_epi16(_mm512_setzero_si512(), _mm512_loadu_si512((const void *)p)));
+}
 #else
 typedef __m256 vn;                       /* 8 floats */
 #define VW 8
 static inline vn n_zero(void) { return _mm256_setzero_ps(); }
 static inline vn n_load(const float *p) { return _mm256_loadu_ps(p); }
-static inline vn n_load_bf16(const uint16_t *p) { return bf16x8(p); }
 static inline vn n_set1(float a) { return _mm256_set1_ps(a); }
 static inline vn n_fma(vn a, vn b, vn c) { return _mm256_fmadd_ps(a, b, c); }
 static inline void n_store(float *p, vn a) { _mm256_storeu_ps(p, a); }
+/* A zero made where it is used: the CPU drops the zero idiom at rename (no port, no
+ * latency), and being volatile it is not hoisted, so it never holds one of the 16 ymm
+ * registers across the loop (hoisted, gcc spilled two accumulators of a 4 x 3 block). */
+static inline __m256i fresh_zero(void) { __m256i z; __asm__ volatile("vpxor %0, %0, %0" : "=x"(z)); return z; }
+static inline vn n_bf16_hi(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_unpackhi_epi16(fresh_zero(), _mm256_loadu_si256((const __m256i *)p)));
+}
 #endif
 #define G (VW * GV)
 
@@ -230,6 +230,7 @@ static inline void n_store(float *p, vn a) { _mm256_storeu_ps(p, a); }
 #define PREFETCH_NEXT(p) __builtin_prefetch((p), 0, 3)
 
 int rowwise_group(void) { return G; }
+int rowwise_vector_width(void) { return VW; }
 
 /* One block: rows [0, mb) of x against one packed group (K x G). `mb` is a compile-time
  * constant at every call site (the switch below), so the loops unroll into registers. */
@@ -262,7 +263,48 @@ static inline __attribute__((always_inline)) void NAME(                         
 }
 
 DEFINE_BLOCK(block_f32, float, n_load)
-DEFINE_BLOCK(block_bf16, uint16_t, n_load_bf16)
+
+/* bfloat16 weights widened in registers (CPUs without bfloat16 dot products). A bfloat16 is
+ * the upper half of a float32, so a weight widens exactly by placing a zero word below it.
+ * VPUNPCKHWD with a zero vector does that for the 4 upper words of each 128-bit lane, one
+ * shuffle-port instruction straight from memory: the FMA ports do only FMAs (a zero-extend
+ * and a 16-bit shift took one FMA-port slot per weight vector and block, 1 in 5 of a 4-row
+ * block's). The weights are packed for it (``Packed`` in __init__.py): a group's k-rows in
+ * pairs (K padded to even), each pair GV chunks of 2 VW weights,
+ *   chunk[v][q][s][e] = W[g*G + v*VW + 4q + e][2 kp + s]   (q < VW/4 lanes, s < 2, e < 4).
+ * Lane q of a chunk holds its 4 columns of row 2kp in the low half and of row 2kp+1 in the
+ * high half: loaded as is, the upper words are row 2kp+1's vector v; loaded 4 words (8
+ * bytes) early, row 2kp's (``Packed`` puts zeros before the first chunk). Each element's
+ * chain is the float32 one, k ascending: the bits do not depend on the layout. */
+static inline __attribute__((always_inline)) void block_bf16(
+        const float *x, long ldx, const uint16_t *wg, float *y, long ldy, int K, int ncols,
+        const int mb, const uint16_t *next, long next_step) {
+    vn acc[MB][GV];
+    for (int i = 0; i < mb; i++)
+        for (int v = 0; v < GV; v++) acc[i][v] = n_zero();
+    const uint16_t *row = wg - 4;               /* k = 0: the first pair's chunks, 4 words early */
+    for (int k = 0; k < K; k++) {
+        vn wv[GV];
+        PREFETCH_WEIGHTS(row + (long)PREFETCH_ROWS * G);
+        if (next) PREFETCH_NEXT(next + (((long)k * next_step) >> 8));
+        for (int v = 0; v < GV; v++) wv[v] = n_bf16_hi(row + v * 2 * VW);
+        for (int i = 0; i < mb; i++) {
+            vn xk = n_set1(x[i * ldx + k]);
+            for (int v = 0; v < GV; v++) acc[i][v] = n_fma(xk, wv[v], acc[i][v]);
+        }
+        row += k & 1 ? 2 * G - 4 : 4;           /* odd k: on to the next pair, 4 words early */
+    }
+    for (int i = 0; i < mb; i++) {
+        if (ncols == G) {
+            for (int v = 0; v < GV; v++) n_store(y + i * ldy + v * VW, acc[i][v]);
+        } else {
+            float tmp[G];
+            for (int v = 0; v < GV; v++) n_store(tmp + v * VW, acc[i][v]);
+            memcpy(y + i * ldy, tmp, sizeof(float) * ncols);
+        }
+    }
+}
+int rowwise_bf16_unpack(void) { return 1; }
 
 #define CASE(BLOCK, R) case R: BLOCK(xb, ldx, wg, yb, ldy, K, ncols, R, next, next_step); break;
 /* one case per row count 1..MB, each a block unrolled for that many rows */
@@ -290,26 +332,28 @@ DEFINE_BLOCK(block_bf16, uint16_t, n_load_bf16)
 
 /* Every row block of x against groups [g0, g1): a group stays in the L2 cache while the
  * row blocks pass over it, so a long input (a prefill) still reads the weights once. */
-#define DEFINE_GROUPS(NAME, WT, BLOCK)                                                        \
+#define DEFINE_GROUPS(NAME, WT, BLOCK, KROWS)                                                 \
 static void NAME(const float *x, long ldx, int M, const WT *w, int g0, int g1, int N, int K,  \
                  float *y, long ldy) {                                                        \
     int nb = (M + MB - 1) / MB;                          /* row blocks per group */          \
     long next_step = ((long)G << 8) / nb;                /* elements a step, times 256 */     \
+    long kg = (long)KROWS(K) * G;                         /* elements a group */               \
     for (int g = g0; g < g1; g++) {                                                           \
-        const WT *wg = w + (long)g * K * G;                                                   \
+        const WT *wg = w + g * kg;                                                            \
         int ncols = N - g * G < G ? N - g * G : G;                                            \
         for (int m = 0; m < M; m += MB) {                                                     \
             const float *xb = x + (long)m * ldx;                                              \
             float *yb = y + (long)m * ldy + (long)g * G;                                      \
-            const WT *next = nb > 1 && g + 1 < g1 ? wg + (long)K * G + (long)(m / MB) * K * G / nb \
-                                                  : NULL;                                     \
+            const WT *next = nb > 1 && g + 1 < g1 ? wg + kg + (m / MB) * kg / nb : NULL;      \
             switch (M - m < MB ? M - m : MB) { UP_TO_MB(CASE_##BLOCK) }                      \
         }                                                                                     \
     }                                                                                         \
 }
 
-DEFINE_GROUPS(groups_f32, float, block_f32)
-DEFINE_GROUPS(groups_bf16, uint16_t, block_bf16)
+#define K_AS_IS(K) (K)
+#define K_EVEN(K) (((K) + 1) & ~1)
+DEFINE_GROUPS(groups_f32, float, block_f32, K_AS_IS)
+DEFINE_GROUPS(groups_bf16, uint16_t, block_bf16, K_EVEN)    /* k-pairs: K padded to even */
 
 /* Native bfloat16 (AVX512-BF16): VDPBF16PS multiplies pairs of bfloat16 and adds both
  * products into a float32 lane, twice the multiply-adds of an FMA per instruction. The
