@@ -187,7 +187,10 @@ typedef v16 vn;                          /* the native vector is the 16-float on
 #define n_set1 v_set1
 #define n_fma v_fma
 #define n_store v_store
-/* bfloat16 -> float32: a zero word below each of the 4 upper words of every 128-bit lane */
+/* bfloat16 -> float32: a zero word below each of the 4 lower / upper words of every 128-bit lane */
+static inline vn n_bf16_lo(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_unpacklo_epi16(_mm512_setzero_si512(), _mm512_loadu_si512((const void *)p)));
+}
 static inline vn n_bf16_hi(const uint16_t *p) {
     return _mm512_castsi512_ps(_mm512_unpackhi_epi16(_mm512_setzero_si512(), _mm512_loadu_si512((const void *)p)));
 }
@@ -209,24 +212,21 @@ static inline vn n_bf16_hi(const uint16_t *p) {
 #endif
 #define G (VW * GV)
 
-/* AVX2 only: ask for the weights PREFETCH_ROWS k-rows ahead of the FMAs. With a few rows per block
- * the hardware prefetcher alone left the loads and the FMAs unoverlapped: T(4) cost 1.7-1.8x
+/* Ask for the weights PREFETCH_ROWS k-rows ahead of the FMAs. With a few rows per block the
+ * hardware prefetcher alone left the loads and the FMAs unoverlapped: T(4) cost 1.7-1.8x
  * T(1) under AVX2 emulation, 1.16-1.18x with this (interleaved across builds, 3 rounds,
- * benchmarks/fast-forward/prefetch-avx2.md). On AVX-512 the same hint made T(8) slower, so it
- * is left out there. A prefetch is only a hint: no arithmetic changes, exactness is untouched. */
-#if defined(__AVX512F__)
-#define PREFETCH_WEIGHTS(p) ((void)0)
-#else
+ * benchmarks/fast-forward/prefetch-avx2.md). Locality 3 (into L1 and L2): as a non-temporal
+ * hint it kept the lines out of L2, so a second row block re-read its group from memory, and
+ * on AVX-512 it made T(8) slower; with locality 3 it makes AVX-512 faster too (float32 T(8)
+ * 47.2 -> 41.6 ms, 2 threads; benchmarks/fast-forward/second-block.md). A prefetch is only a
+ * hint: no arithmetic changes, exactness is untouched. */
 #define PREFETCH_WEIGHTS(p) __builtin_prefetch((p), 0, 3)
-#endif
 #define PREFETCH_ROWS 32
 /* With more rows than one block (MB), a group's later blocks read it from the cache; without
  * more, nothing would stream from memory while they compute. So every block of a group also
  * prefetches its share of the next group (groups lie end to end): block j of nb walks the
  * next group's k-rows [j K/nb, (j+1) K/nb) at 1/nb of a k-row a step, and the next group
- * arrives while this one's blocks compute. Locality 3 (into L1 and L2, as the near hint
- * above): a non-temporal hint kept the lines out of L2, so the second block re-read its
- * group from memory (AVX2 bfloat16 T(8) 54.9 -> 31.9 ms by the hint alone, 2 threads). */
+ * arrives while this one's blocks compute (AVX2 bfloat16 T(8) 32.9 -> 26.4 ms, 2 threads). */
 #define PREFETCH_NEXT(p) __builtin_prefetch((p), 0, 3)
 
 int rowwise_group(void) { return G; }
@@ -282,18 +282,38 @@ static inline __attribute__((always_inline)) void block_bf16(
     vn acc[MB][GV];
     for (int i = 0; i < mb; i++)
         for (int v = 0; v < GV; v++) acc[i][v] = n_zero();
-    const uint16_t *row = wg - 4;               /* k = 0: the first pair's chunks, 4 words early */
+#define WIDE_STEP(KK, WIDEN, AT)                                                              \
+    {                                                                                         \
+        vn wv[GV];                                                                            \
+        for (int v = 0; v < GV; v++) wv[v] = WIDEN((AT) + v * 2 * VW);                        \
+        for (int i = 0; i < mb; i++) {                                                        \
+            vn xk = n_set1(x[i * ldx + (KK)]);                                                \
+            for (int v = 0; v < GV; v++) acc[i][v] = n_fma(xk, wv[v], acc[i][v]);             \
+        }                                                                                     \
+    }
+#if defined(__AVX512F__)
+    /* 32 registers: a pair's chunks widen twice, low then high words, from aligned loads */
+    int k = 0;
+    for (; k + 2 <= K; k += 2) {
+        const uint16_t *pair = wg + (long)k * G;
+        PREFETCH_WEIGHTS(pair + (long)PREFETCH_ROWS * G);
+        if (next) PREFETCH_NEXT(next + (((long)k * next_step) >> 8));
+        WIDE_STEP(k, n_bf16_lo, pair)
+        WIDE_STEP(k + 1, n_bf16_hi, pair)
+    }
+    if (k < K) WIDE_STEP(k, n_bf16_lo, wg + (long)k * G)         /* odd K: the last pair's low words */
+#else
+    /* 16 registers, all held by a 4 x 3 block: one widening for every row (two in a loop body
+     * left gcc spilling accumulators), the upper words loaded 4 words early for an even row */
+    const uint16_t *row = wg - 4;
     for (int k = 0; k < K; k++) {
-        vn wv[GV];
         PREFETCH_WEIGHTS(row + (long)PREFETCH_ROWS * G);
         if (next) PREFETCH_NEXT(next + (((long)k * next_step) >> 8));
-        for (int v = 0; v < GV; v++) wv[v] = n_bf16_hi(row + v * 2 * VW);
-        for (int i = 0; i < mb; i++) {
-            vn xk = n_set1(x[i * ldx + k]);
-            for (int v = 0; v < GV; v++) acc[i][v] = n_fma(xk, wv[v], acc[i][v]);
-        }
+        WIDE_STEP(k, n_bf16_hi, row)
         row += k & 1 ? 2 * G - 4 : 4;           /* odd k: on to the next pair, 4 words early */
     }
+#endif
+#undef WIDE_STEP
     for (int i = 0; i < mb; i++) {
         if (ncols == G) {
             for (int v = 0; v < GV; v++) n_store(y + i * ldy + v * VW, acc[i][v]);
@@ -372,12 +392,14 @@ static inline uint16_t f32_to_bf16(float f) {           /* round to nearest even
 
 static inline __attribute__((always_inline)) void block_dp(
         const uint32_t *xp, long ldxp, const uint16_t *wg, float *y, long ldy, int Kp, int ncols,
-        const int mb) {
+        const int mb, const uint16_t *next, long next_step) {
     __m512 acc[MB][GV];
     for (int i = 0; i < mb; i++)
         for (int v = 0; v < GV; v++) acc[i][v] = _mm512_setzero_ps();
     for (int k = 0; k < Kp; k++) {
         __m512i wv[GV];
+        PREFETCH_WEIGHTS(wg + (long)(k + PREFETCH_ROWS) * G * 2);
+        if (next) PREFETCH_NEXT(next + (((long)k * next_step) >> 8));
         for (int v = 0; v < GV; v++) wv[v] = _mm512_loadu_si512((const void *)(wg + ((long)k * G + v * VW) * 2));
         for (int i = 0; i < mb; i++) {
             __m512i xk = _mm512_set1_epi32((int)xp[i * ldxp + k]);
@@ -395,15 +417,19 @@ static inline __attribute__((always_inline)) void block_dp(
     }
 }
 
-#define CASE_DP(R) case R: block_dp(xb, Kp, wg, yb, ldy, Kp, ncols, R); break;
+#define CASE_DP(R) case R: block_dp(xb, Kp, wg, yb, ldy, Kp, ncols, R, next, next_step); break;
 static void groups_dp(const uint32_t *xp, int M, const uint16_t *w, int g0, int g1, int N, int Kp,
                       float *y, long ldy) {
+    int nb = (M + MB - 1) / MB;                          /* row blocks per group */
+    long next_step = ((long)G * 2 << 8) / nb;            /* elements a k-pair, times 256 */
+    long kg = (long)Kp * G * 2;                          /* elements a group */
     for (int g = g0; g < g1; g++) {
-        const uint16_t *wg = w + (long)g * Kp * G * 2;
+        const uint16_t *wg = w + g * kg;
         int ncols = N - g * G < G ? N - g * G : G;
         for (int m = 0; m < M; m += MB) {
             const uint32_t *xb = xp + (long)m * Kp;
             float *yb = y + (long)m * ldy + (long)g * G;
+            const uint16_t *next = nb > 1 && g + 1 < g1 ? wg + kg + (m / MB) * kg / nb : NULL;
             switch (M - m < MB ? M - m : MB) { UP_TO_MB(CASE_DP) }
         }
     }
