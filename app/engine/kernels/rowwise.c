@@ -212,16 +212,19 @@ static inline vn n_bf16_hi(const uint16_t *p) {
 #endif
 #define G (VW * GV)
 
-/* Ask for the weights PREFETCH_ROWS k-rows ahead of the FMAs. With a few rows per block the
+/* Ask for the weights PREFETCH_BYTES ahead of the loads. With a few rows per block the
  * hardware prefetcher alone left the loads and the FMAs unoverlapped: T(4) cost 1.7-1.8x
- * T(1) under AVX2 emulation, 1.16-1.18x with this (interleaved across builds, 3 rounds,
- * benchmarks/fast-forward/prefetch-avx2.md). Locality 3 (into L1 and L2): as a non-temporal
- * hint it kept the lines out of L2, so a second row block re-read its group from memory, and
- * on AVX-512 it made T(8) slower; with locality 3 it makes AVX-512 faster too (float32 T(8)
- * 47.2 -> 41.6 ms, 2 threads; benchmarks/fast-forward/second-block.md). A prefetch is only a
- * hint: no arithmetic changes, exactness is untouched. */
-#define PREFETCH_WEIGHTS(p) __builtin_prefetch((p), 0, 3)
-#define PREFETCH_ROWS 32
+ * T(1) under AVX2 emulation, 1.16-1.18x with a prefetch (benchmarks/fast-forward/
+ * prefetch-avx2.md). The distance is in bytes, a few times what one core has in flight
+ * (~9 GB/s x a few hundred ns on the 2-vCPU VMs): 32 k-rows (1.5 KB of AVX2 bfloat16) was
+ * too short there, and 6 KB (128 such k-rows, 64 of float32) made T(1)..T(4) faster in every
+ * interleaved round (second-block.md). Locality 3 (into L1 and L2): as a non-temporal hint it
+ * kept the lines out of L2, so a second row block re-read its group from memory, and on
+ * AVX-512 it made T(8) slower; with locality 3 it makes AVX-512 faster too (float32 T(8)
+ * 47.2 -> 41.6 ms, 2 threads). A prefetch is only a hint: no arithmetic changes, exactness
+ * is untouched. */
+#define PREFETCH_BYTES 6144
+#define PREFETCH_WEIGHTS(p) __builtin_prefetch((const char *)(p) + PREFETCH_BYTES, 0, 3)
 /* With more rows than one block (MB), a group's later blocks read it from the cache; without
  * more, nothing would stream from memory while they compute. So every block of a group also
  * prefetches its share of the next group (groups lie end to end): block j of nb walks the
@@ -243,7 +246,7 @@ static inline __attribute__((always_inline)) void NAME(                         
         for (int v = 0; v < GV; v++) acc[i][v] = n_zero();                                    \
     for (int k = 0; k < K; k++) {                                                             \
         vn wv[GV];                                                                            \
-        PREFETCH_WEIGHTS(wg + (long)(k + PREFETCH_ROWS) * G);                                \
+        PREFETCH_WEIGHTS(wg + (long)k * G);                                                   \
         if (next) PREFETCH_NEXT(next + (((long)k * next_step) >> 8));                         \
         for (int v = 0; v < GV; v++) wv[v] = LOAD(wg + (long)k * G + v * VW);                 \
         for (int i = 0; i < mb; i++) {                                                        \
@@ -296,7 +299,7 @@ static inline __attribute__((always_inline)) void block_bf16(
     int k = 0;
     for (; k + 2 <= K; k += 2) {
         const uint16_t *pair = wg + (long)k * G;
-        PREFETCH_WEIGHTS(pair + (long)PREFETCH_ROWS * G);
+        PREFETCH_WEIGHTS(pair);
         if (next) PREFETCH_NEXT(next + (((long)k * next_step) >> 8));
         WIDE_STEP(k, n_bf16_lo, pair)
         WIDE_STEP(k + 1, n_bf16_hi, pair)
@@ -307,7 +310,7 @@ static inline __attribute__((always_inline)) void block_bf16(
      * left gcc spilling accumulators), the upper words loaded 4 words early for an even row */
     const uint16_t *row = wg - 4;
     for (int k = 0; k < K; k++) {
-        PREFETCH_WEIGHTS(row + (long)PREFETCH_ROWS * G);
+        PREFETCH_WEIGHTS(row);
         if (next) PREFETCH_NEXT(next + (((long)k * next_step) >> 8));
         WIDE_STEP(k, n_bf16_hi, row)
         row += k & 1 ? 2 * G - 4 : 4;           /* odd k: on to the next pair, 4 words early */
@@ -398,7 +401,7 @@ static inline __attribute__((always_inline)) void block_dp(
         for (int v = 0; v < GV; v++) acc[i][v] = _mm512_setzero_ps();
     for (int k = 0; k < Kp; k++) {
         __m512i wv[GV];
-        PREFETCH_WEIGHTS(wg + (long)(k + PREFETCH_ROWS) * G * 2);
+        PREFETCH_WEIGHTS(wg + (long)k * G * 2);
         if (next) PREFETCH_NEXT(next + (((long)k * next_step) >> 8));
         for (int v = 0; v < GV; v++) wv[v] = _mm512_loadu_si512((const void *)(wg + ((long)k * G + v * VW) * 2));
         for (int i = 0; i < mb; i++) {
