@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 
 import pytest
 import torch
@@ -52,3 +53,23 @@ def embedded_random_head_dir(embedded_target, tmp_path_factory):
     folder = tmp_path_factory.mktemp("random_head")
     DraftHead(head_config_for(embedded_target.model.config)).save(folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def kernel_build(tmp_path_factory):
+    """``kernel_build(kind, *flags)``: app/engine/kernels/rowwise.c compiled for an ISA kind
+    (with extra compiler flags, e.g. another register block), once per session: the .so's path."""
+    from app.engine import kernels
+
+    built = {}
+
+    def build(kind: str, *flags: str):
+        if (kind, flags) not in built:
+            out = tmp_path_factory.mktemp("kernels") / f"rowwise-{kind}.so"
+            cmd = kernels.command(kind, kernels.compiler(), out)
+            done = subprocess.run(cmd[:1] + list(flags) + cmd[1:], capture_output=True, text=True)
+            assert done.returncode == 0, done.stderr[-2000:]
+            built[kind, flags] = out
+        return built[kind, flags]
+
+    return build

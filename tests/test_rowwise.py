@@ -249,20 +249,16 @@ def test_attention_row_is_the_same_whether_unseen_keys_are_absent_or_masked():
         assert torch.equal(kernels.attention(q[i:i + 1], k, v, seen, 0.125), alone)
 
 
-def test_the_avx2_and_avx512_builds_give_the_same_bits(tmp_path):
+def test_the_avx2_and_avx512_builds_give_the_same_bits(kernel_build):
     """The kernels have one arithmetic per element on every ISA; the ISAs differ only in how
     it is vectorised (AVX2's exp is written in ymm intrinsics, AVX-512's is a lane loop gcc
     vectorises). Built both ways on this CPU, SwiGLU, attention (softmax numerators through
     that exp, over large, small and masked scores) and a float32 linear give the same bits.
     An AVX2-only machine runs the AVX2 build here against itself."""
     import ctypes
-    import subprocess
 
-    builds = {}
-    for kind in dict.fromkeys(["avx2", kernels.isa()]):
-        out = tmp_path / f"rowwise-{kind}.so"
-        subprocess.run(kernels.command(kind, kernels.compiler(), out), check=True, capture_output=True)
-        builds[kind] = kernels.declare(ctypes.CDLL(str(out)), kind)
+    builds = {kind: kernels.declare(ctypes.CDLL(str(kernel_build(kind))), kind)
+              for kind in dict.fromkeys(["avx2", kernels.isa()])}
     g = torch.Generator().manual_seed(5)
     gate_up = torch.cat([torch.randn(3, 1536, generator=g) * 30, torch.randn(3, 1536, generator=g)], 1)
     gate_up[0, :8] = torch.tensor([100.0, -100.0, 88.5, -87.5, 0.0, -0.0, 1e-30, float("-inf")])
@@ -287,19 +283,16 @@ def test_the_avx2_and_avx512_builds_give_the_same_bits(tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["avx2", "avx512"])
-def test_bfloat16_weights_widened_in_registers_compute_what_torch_computes(kind, tmp_path):
+def test_bfloat16_weights_widened_in_registers_compute_what_torch_computes(kind, kernel_build):
     """CPUs without bfloat16 dot products widen each bfloat16 weight to float32 in registers,
     from a packing of their own (k in pairs, chunks shuffled within 128-bit lanes). Built for
     that ISA on this CPU: every row count from one to past two register blocks, odd and even
     K, a last group of fewer columns, against torch in float32."""
     import ctypes
-    import subprocess
 
     if kind == "avx512" and not {"avx512f", "avx512bw"} <= kernels.cpu_flags():
         pytest.skip("no AVX-512 on this CPU")
-    out = tmp_path / f"rowwise-{kind}.so"
-    subprocess.run(kernels.command(kind, kernels.compiler(), out), check=True, capture_output=True)
-    lib, ours = kernels.declare(ctypes.CDLL(str(out)), kind), kernels.load()
+    lib, ours = kernels.declare(ctypes.CDLL(str(kernel_build(kind))), kind), kernels.load()
     assert lib.rowwise_bf16_unpack() and not lib.rowwise_bf16_pairs()
     g = torch.Generator().manual_seed(7)
     try:
@@ -341,20 +334,16 @@ def test_argmax_and_top_probs_answer_as_torch_does(V):
     assert idx[1, 0] == 1 and idx[1, 1] == V - 2
 
 
-def test_a_rows_bits_do_not_depend_on_the_register_block_shape(tmp_path):
+def test_a_rows_bits_do_not_depend_on_the_register_block_shape(kernel_build):
     """The linear kernel's register block (GV weight vectors by MB rows) is a speed choice:
     a build with another shape, packing its own weights, must give every row the same bits,
     for row counts that fill, split and overflow either shape's blocks."""
     import ctypes
-    import subprocess
 
     kind = kernels.isa()
     other_shape = {"avx2": ["-DGV=2", "-DMB=6"],          # the former shapes
                    "amx": ["-DMB=12", "-DAMX_ROWS=8"]}.get(kind, ["-DGV=2", "-DMB=12"])   # AMX: 8-row tiles
-    out = tmp_path / "rowwise-other.so"
-    cmd = kernels.command(kind, kernels.compiler(), out)
-    subprocess.run(cmd[:1] + other_shape + cmd[1:], check=True, capture_output=True)
-    other, ours = kernels.declare(ctypes.CDLL(str(out)), kind), kernels.load()
+    other, ours = kernels.declare(ctypes.CDLL(str(kernel_build(kind, *other_shape))), kind), kernels.load()
     assert (other.rowwise_group(), other.rowwise_block_rows()) != (ours.rowwise_group(), ours.rowwise_block_rows())
     g = torch.Generator().manual_seed(3)
     try:
@@ -497,18 +486,15 @@ def test_forward_eager_switches_the_fast_forward_off():
 
 
 @pytest.mark.skipif(kernels.isa() != "amx", reason="no AMX tiles on this CPU")
-def test_bfloat16_linears_run_on_amx_tiles_where_the_cpu_has_them(tmp_path):
+def test_bfloat16_linears_run_on_amx_tiles_where_the_cpu_has_them(kernel_build):
     """On a Xeon with AMX the bfloat16 linears run on tiles of 16 rows (a forward over 16
     rows reads each weight once). The tiles round inside a k-pair differently from
     VDPBF16PS, so a build without them gives other bits: the evidence that they ran. A
     linear whose K is no whole number of 16-pair tiles keeps VDPBF16PS, for every row count."""
     import ctypes
-    import subprocess
 
     assert kernels.amx() and kernels.block_rows() == 16      # Linux >= 5.16 grants the tile state
-    out = tmp_path / "rowwise-avx512bf16.so"
-    subprocess.run(kernels.command("avx512bf16", kernels.compiler(), out), check=True, capture_output=True)
-    vdp, ours = kernels.declare(ctypes.CDLL(str(out)), "avx512bf16"), kernels.load()
+    vdp, ours = kernels.declare(ctypes.CDLL(str(kernel_build("avx512bf16"))), "avx512bf16"), kernels.load()
     g = torch.Generator().manual_seed(7)
     results = {}
     try:
