@@ -292,8 +292,10 @@ def block_rows(bf16: bool = True) -> int:
 
 class Packed:
     """A linear layer's weight (N, K) packed for ``linear``: groups of G output columns,
-    each k-major (G, K) -> (K, G), N padded with zero rows to a multiple of G. float32 or
-    bfloat16, as given."""
+    N padded with zero rows to a multiple of G, each group k-major: (G, K) -> (K, G) in
+    float32. bfloat16 stays bfloat16, with k in pairs (K padded to even) in the layout this
+    build's kernel reads: (K/2, G, 2) for bfloat16 dot products, or shuffled within 128-bit
+    lanes for widening in registers (``rowwise.c`` block_bf16)."""
 
     def __init__(self, weight: torch.Tensor):
         N, K = weight.shape
@@ -304,29 +306,25 @@ class Packed:
             w = torch.cat([w, w.new_zeros(g - N % g, K)])      # new_zeros: on w's device
         self.out_features, self.in_features = N, K
         self.bf16 = int(w.dtype == torch.bfloat16)
+        lead = 0
+        pairs = self.bf16 and (lib.rowwise_bf16_pairs() or lib.rowwise_bf16_unpack())
+        if pairs and K % 2:                                    # k in pairs: K padded to even
+            w = torch.cat([w, w.new_zeros(w.shape[0], 1)], dim=1)
         if self.bf16 and lib.rowwise_bf16_pairs():
             # native bfloat16 dot products read k in pairs: (N/G, K/2, G, 2)
-            if K % 2:
-                w = torch.cat([w, w.new_zeros(w.shape[0], 1)], dim=1)
             packed = w.view(-1, g, w.shape[1] // 2, 2).permute(0, 2, 1, 3)
         elif self.bf16 and lib.rowwise_bf16_unpack():
-            # widened in registers by interleaving with zeros within 128-bit lanes (rowwise.c
-            # block_bf16): k in pairs, each pair GV chunks of (VW/4 lanes, 2 k, 4 columns)
+            # each k-pair as GV chunks of (VW/4 lanes, 2 k, 4 columns): VPUNPCKHWD widens a
+            # chunk's upper words in place, its lower words from a load 4 words early
             vw = lib.rowwise_vector_width()
-            if K % 2:
-                w = torch.cat([w, w.new_zeros(w.shape[0], 1)], dim=1)
             packed = (w.view(-1, g // vw, vw // 4, 4, w.shape[1] // 2, 2)   # (N/G, GV, q, e, K/2, s)
                       .permute(0, 4, 1, 2, 5, 3))                           # (N/G, K/2, GV, q, s, e)
-            # the kernel loads an even k-row 4 words before its chunk: 16 words (32 bytes) of
-            # zeros in front keep the first one inside this buffer
-            lead = 16
-            buf = hugepages.to_huge(torch.cat([packed.new_zeros(lead), packed.reshape(-1)]))
-            self.data = buf[lead:]
-            return
+            lead = 16           # zeros in front (32 bytes): the first early load stays in the buffer
+            packed = torch.cat([packed.new_zeros(lead), packed.reshape(-1)])
         else:
             packed = w.view(-1, g, K).transpose(1, 2)                  # (N/G, K, G)
         # on 2 MB pages, next to the weight packed before it (a forward reads them in that order)
-        self.data = hugepages.to_huge(packed)
+        self.data = hugepages.to_huge(packed)[lead:]
 
 
 def linear(x: torch.Tensor, weight: Packed) -> torch.Tensor:

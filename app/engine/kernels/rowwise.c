@@ -232,6 +232,20 @@ static inline vn n_bf16_hi(const uint16_t *p) {
  * arrives while this one's blocks compute (AVX2 bfloat16 T(8) 32.9 -> 26.4 ms, 2 threads). */
 #define PREFETCH_NEXT(p) __builtin_prefetch((p), 0, 3)
 
+/* A block's accumulators to rows [0, mb) of y; the last group stores only its ncols columns. */
+static inline __attribute__((always_inline)) void store_block(float *y, long ldy, vn acc[MB][GV], int mb,
+                                                              int ncols) {
+    for (int i = 0; i < mb; i++) {
+        if (ncols == G) {
+            for (int v = 0; v < GV; v++) n_store(y + i * ldy + v * VW, acc[i][v]);
+        } else {                         /* the last group: padding columns are not stored */
+            float tmp[G];
+            for (int v = 0; v < GV; v++) n_store(tmp + v * VW, acc[i][v]);
+            memcpy(y + i * ldy, tmp, sizeof(float) * ncols);
+        }
+    }
+}
+
 int rowwise_group(void) { return G; }
 int rowwise_vector_width(void) { return VW; }
 
@@ -254,15 +268,7 @@ static inline __attribute__((always_inline)) void NAME(                         
             for (int v = 0; v < GV; v++) acc[i][v] = n_fma(xk, wv[v], acc[i][v]);             \
         }                                                                                     \
     }                                                                                         \
-    for (int i = 0; i < mb; i++) {                                                            \
-        if (ncols == G) {                                                                     \
-            for (int v = 0; v < GV; v++) n_store(y + i * ldy + v * VW, acc[i][v]);            \
-        } else {                         /* the last group: padding columns are not stored */ \
-            float tmp[G];                                                                     \
-            for (int v = 0; v < GV; v++) n_store(tmp + v * VW, acc[i][v]);                    \
-            memcpy(y + i * ldy, tmp, sizeof(float) * ncols);                                  \
-        }                                                                                     \
-    }                                                                                         \
+    store_block(y, ldy, acc, mb, ncols);                                                      \
 }
 
 DEFINE_BLOCK(block_f32, float, n_load)
@@ -276,9 +282,10 @@ DEFINE_BLOCK(block_f32, float, n_load)
  * pairs (K padded to even), each pair GV chunks of 2 VW weights,
  *   chunk[v][q][s][e] = W[g*G + v*VW + 4q + e][2 kp + s]   (q < VW/4 lanes, s < 2, e < 4).
  * Lane q of a chunk holds its 4 columns of row 2kp in the low half and of row 2kp+1 in the
- * high half: loaded as is, the upper words are row 2kp+1's vector v; loaded 4 words (8
- * bytes) early, row 2kp's (``Packed`` puts zeros before the first chunk). Each element's
- * chain is the float32 one, k ascending: the bits do not depend on the layout. */
+ * high half: loaded as is, the upper words are row 2kp+1's vector v (and the lower words,
+ * by VPUNPCKLWD, row 2kp's: AVX-512); loaded 4 words (8 bytes) early, the upper words are
+ * row 2kp's (AVX2; ``Packed`` puts zeros before the first chunk). Each element's chain is
+ * the float32 one, k ascending: the bits do not depend on the layout. */
 static inline __attribute__((always_inline)) void block_bf16(
         const float *x, long ldx, const uint16_t *wg, float *y, long ldy, int K, int ncols,
         const int mb, const uint16_t *next, long next_step) {
@@ -317,15 +324,7 @@ static inline __attribute__((always_inline)) void block_bf16(
     }
 #endif
 #undef WIDE_STEP
-    for (int i = 0; i < mb; i++) {
-        if (ncols == G) {
-            for (int v = 0; v < GV; v++) n_store(y + i * ldy + v * VW, acc[i][v]);
-        } else {
-            float tmp[G];
-            for (int v = 0; v < GV; v++) n_store(tmp + v * VW, acc[i][v]);
-            memcpy(y + i * ldy, tmp, sizeof(float) * ncols);
-        }
-    }
+    store_block(y, ldy, acc, mb, ncols);
 }
 int rowwise_bf16_unpack(void) { return 1; }
 
@@ -409,15 +408,7 @@ static inline __attribute__((always_inline)) void block_dp(
             for (int v = 0; v < GV; v++) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], (__m512bh)xk, (__m512bh)wv[v]);
         }
     }
-    for (int i = 0; i < mb; i++) {
-        if (ncols == G) {
-            for (int v = 0; v < GV; v++) _mm512_storeu_ps(y + i * ldy + v * VW, acc[i][v]);
-        } else {
-            float tmp[G];
-            for (int v = 0; v < GV; v++) _mm512_storeu_ps(tmp + v * VW, acc[i][v]);
-            memcpy(y + i * ldy, tmp, sizeof(float) * ncols);
-        }
-    }
+    store_block(y, ldy, acc, mb, ncols);                /* vn is __m512 on AVX-512 */
 }
 
 #define CASE_DP(R) case R: block_dp(xb, Kp, wg, yb, ldy, Kp, ncols, R, next, next_step); break;
