@@ -229,8 +229,11 @@ static inline vn n_bf16_hi(const uint16_t *p) {
  * more, nothing would stream from memory while they compute. So every block of a group also
  * prefetches its share of the next group (groups lie end to end): block j of nb walks the
  * next group's k-rows [j K/nb, (j+1) K/nb) at 1/nb of a k-row a step, and the next group
- * arrives while this one's blocks compute (AVX2 bfloat16 T(8) 32.9 -> 26.4 ms, 2 threads). */
-#define PREFETCH_NEXT(p) __builtin_prefetch((p), 0, 3)
+ * arrives while this one's blocks compute (AVX2 bfloat16 T(8) 32.9 -> 26.4 ms, 2 threads).
+ * PREFETCH_NEXT(k) runs at step k of a block, with the block's `next` (its share's start,
+ * or NULL) and `next_step` (elements a step, times 256) as the group loop set them. */
+#define PREFETCH_NEXT(k) \
+    do { if (next) __builtin_prefetch(next + (((long)(k) * next_step) >> 8), 0, 3); } while (0)
 
 /* A block's accumulators to rows [0, mb) of y; the last group stores only its ncols columns. */
 static inline __attribute__((always_inline)) void store_block(float *y, long ldy, vn acc[MB][GV], int mb,
@@ -249,29 +252,33 @@ static inline __attribute__((always_inline)) void store_block(float *y, long ldy
 int rowwise_group(void) { return G; }
 int rowwise_vector_width(void) { return VW; }
 
-/* One block: rows [0, mb) of x against one packed group (K x G). `mb` is a compile-time
- * constant at every call site (the switch below), so the loops unroll into registers. */
-#define DEFINE_BLOCK(NAME, WT, LOAD)                                                          \
-static inline __attribute__((always_inline)) void NAME(                                       \
-        const float *x, long ldx, const WT *wg, float *y, long ldy, int K, int ncols,        \
-        const int mb, const WT *next, long next_step) {                                      \
-    vn acc[MB][GV];                                                                           \
-    for (int i = 0; i < mb; i++)                                                              \
-        for (int v = 0; v < GV; v++) acc[i][v] = n_zero();                                    \
-    for (int k = 0; k < K; k++) {                                                             \
+/* One k-row of a block: GV weight vectors (WEIGHT, an expression of v), each loaded once
+ * and multiply-added into every row's accumulators from registers. */
+#define BLOCK_STEP(KK, WEIGHT)                                                                \
+    {                                                                                         \
         vn wv[GV];                                                                            \
-        PREFETCH_WEIGHTS(wg + (long)k * G);                                                   \
-        if (next) PREFETCH_NEXT(next + (((long)k * next_step) >> 8));                         \
-        for (int v = 0; v < GV; v++) wv[v] = LOAD(wg + (long)k * G + v * VW);                 \
+        for (int v = 0; v < GV; v++) wv[v] = (WEIGHT);                                        \
         for (int i = 0; i < mb; i++) {                                                        \
-            vn xk = n_set1(x[i * ldx + k]);                                                   \
+            vn xk = n_set1(x[i * ldx + (KK)]);                                                \
             for (int v = 0; v < GV; v++) acc[i][v] = n_fma(xk, wv[v], acc[i][v]);             \
         }                                                                                     \
-    }                                                                                         \
-    store_block(y, ldy, acc, mb, ncols);                                                      \
-}
+    }
 
-DEFINE_BLOCK(block_f32, float, n_load)
+/* One block: rows [0, mb) of x against one packed group (K x G). `mb` is a compile-time
+ * constant at every call site (the switch below), so the loops unroll into registers. */
+static inline __attribute__((always_inline)) void block_f32(
+        const float *x, long ldx, const float *wg, float *y, long ldy, int K, int ncols,
+        const int mb, const float *next, long next_step) {
+    vn acc[MB][GV];
+    for (int i = 0; i < mb; i++)
+        for (int v = 0; v < GV; v++) acc[i][v] = n_zero();
+    for (int k = 0; k < K; k++) {
+        PREFETCH_WEIGHTS(wg + (long)k * G);
+        PREFETCH_NEXT(k);
+        BLOCK_STEP(k, n_load(wg + (long)k * G + v * VW))
+    }
+    store_block(y, ldy, acc, mb, ncols);
+}
 
 /* bfloat16 weights widened in registers (CPUs without bfloat16 dot products). A bfloat16 is
  * the upper half of a float32, so a weight widens exactly by placing a zero word below it.
@@ -292,38 +299,28 @@ static inline __attribute__((always_inline)) void block_bf16(
     vn acc[MB][GV];
     for (int i = 0; i < mb; i++)
         for (int v = 0; v < GV; v++) acc[i][v] = n_zero();
-#define WIDE_STEP(KK, WIDEN, AT)                                                              \
-    {                                                                                         \
-        vn wv[GV];                                                                            \
-        for (int v = 0; v < GV; v++) wv[v] = WIDEN((AT) + v * 2 * VW);                        \
-        for (int i = 0; i < mb; i++) {                                                        \
-            vn xk = n_set1(x[i * ldx + (KK)]);                                                \
-            for (int v = 0; v < GV; v++) acc[i][v] = n_fma(xk, wv[v], acc[i][v]);             \
-        }                                                                                     \
-    }
 #if defined(__AVX512F__)
     /* 32 registers: a pair's chunks widen twice, low then high words, from aligned loads */
     int k = 0;
     for (; k + 2 <= K; k += 2) {
         const uint16_t *pair = wg + (long)k * G;
         PREFETCH_WEIGHTS(pair);
-        if (next) PREFETCH_NEXT(next + (((long)k * next_step) >> 8));
-        WIDE_STEP(k, n_bf16_lo, pair)
-        WIDE_STEP(k + 1, n_bf16_hi, pair)
+        PREFETCH_NEXT(k);
+        BLOCK_STEP(k, n_bf16_lo(pair + v * 2 * VW))
+        BLOCK_STEP(k + 1, n_bf16_hi(pair + v * 2 * VW))
     }
-    if (k < K) WIDE_STEP(k, n_bf16_lo, wg + (long)k * G)         /* odd K: the last pair's low words */
+    if (k < K) BLOCK_STEP(k, n_bf16_lo(wg + (long)k * G + v * 2 * VW))   /* odd K: the last pair's low words */
 #else
     /* 16 registers, all held by a 4 x 3 block: one widening for every row (two in a loop body
      * left gcc spilling accumulators), the upper words loaded 4 words early for an even row */
     const uint16_t *row = wg - 4;
     for (int k = 0; k < K; k++) {
         PREFETCH_WEIGHTS(row);
-        if (next) PREFETCH_NEXT(next + (((long)k * next_step) >> 8));
-        WIDE_STEP(k, n_bf16_hi, row)
+        PREFETCH_NEXT(k);
+        BLOCK_STEP(k, n_bf16_hi(row + v * 2 * VW))
         row += k & 1 ? 2 * G - 4 : 4;           /* odd k: on to the next pair, 4 words early */
     }
 #endif
-#undef WIDE_STEP
     store_block(y, ldy, acc, mb, ncols);
 }
 int rowwise_bf16_unpack(void) { return 1; }
@@ -401,7 +398,7 @@ static inline __attribute__((always_inline)) void block_dp(
     for (int k = 0; k < Kp; k++) {
         __m512i wv[GV];
         PREFETCH_WEIGHTS(wg + (long)k * G * 2);
-        if (next) PREFETCH_NEXT(next + (((long)k * next_step) >> 8));
+        PREFETCH_NEXT(k);
         for (int v = 0; v < GV; v++) wv[v] = _mm512_loadu_si512((const void *)(wg + ((long)k * G + v * VW) * 2));
         for (int i = 0; i < mb; i++) {
             __m512i xk = _mm512_set1_epi32((int)xp[i * ldxp + k]);
