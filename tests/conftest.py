@@ -14,7 +14,7 @@ torch.set_num_threads(int(os.environ.get("EAGLE_LENS_TEST_THREADS", "1")))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-from tests.tiny import tiny_target, trained_head  # noqa: E402
+from tests.tiny import E2E_VOCAB, tiny_target, trained_head, trained_medusa  # noqa: E402
 
 
 class _TinyModels(dict):
@@ -34,6 +34,26 @@ def tiny_models():
 @pytest.fixture(scope="session")
 def tiny(tiny_models):
     return tiny_models[0]
+
+
+@pytest.fixture(scope="session")
+def engines():
+    """{seed: Engine with no EAGLE head at all, and briefly trained Medusa heads} (the drafter tests)."""
+    from app.engine.engine import Engine
+
+    out = {}
+    for seed in (0, 1):
+        target = tiny_target(seed)
+        out[seed] = Engine(target, None, medusa=trained_medusa(target, seed=seed))
+    return out
+
+
+@pytest.fixture(scope="session")
+def peaked():
+    """A tiny target with peaked distributions and a head fitted to its sampled continuations:
+    the end-to-end sampling tests' model (a 16-token vocabulary, so every joint can be enumerated)."""
+    target = tiny_target(3, vocab=E2E_VOCAB, hidden=32, layers=1, eos=None, peaky=30.0)
+    return target, trained_head(target, 3, steps=300, seqs=64, length=24, sampled=True)
 
 
 @pytest.fixture(scope="session")

@@ -9,11 +9,12 @@ import torch
 
 from app.engine.config import SamplingConfig, TreeConfig
 from app.engine.drafters import tree_from_sequences
-from app.engine.heads.medusa import MedusaHeads
 from app.engine.drafters.pld import lookup
 from app.engine.engine import Engine
+from app.engine.heads.medusa import MedusaHeads
 from app.engine.tree import ROOT
 from app.train.medusa import medusa_loss
+from tests.tiny import medusa_batch
 from app.ui.traces import parse_trace, trace_dict, dumps
 
 # the second prompt repeats itself; the third is the first's own greedy loop on seed 0
@@ -24,43 +25,6 @@ DRAFTERS = ("pld", "lookahead", "medusa")
 def hf_greedy(target, prompt, n):
     out = target.model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False)
     return out[0, len(prompt):].tolist()
-
-
-def medusa_batch(target, seqs=32, length=48, seed=0):
-    """The target's own greedy continuations of random prompts, with their features: the
-    self-distilled data Medusa heads train on (batch keys as app.train's collate makes them)."""
-    g = torch.Generator().manual_seed(seed)
-    model = target.model
-    prompts = torch.randint(3, model.config.vocab_size, (seqs, 4), generator=g)
-    with torch.no_grad():
-        tokens = model.generate(prompts, max_new_tokens=length, do_sample=False, min_new_tokens=length)
-        feats = model.model(tokens).last_hidden_state                                     # (S, T, H)
-    return {"tokens": tokens, "features": feats, "lengths": torch.full((seqs,), tokens.shape[1]),
-            "prompt_lens": torch.full((seqs,), 4)}
-
-
-def trained_medusa(target, heads=3, steps=150, seed=0):
-    medusa = MedusaHeads.from_target(target.model, heads)
-    batch = medusa_batch(target, seed=seed)
-    opt = torch.optim.AdamW(medusa.parameters(), lr=3e-3)
-    for _ in range(steps):
-        loss, _ = medusa_loss(medusa, batch)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return medusa.eval()
-
-
-@pytest.fixture(scope="module")
-def engines():
-    """{seed: Engine with no EAGLE head at all, and briefly trained Medusa heads}."""
-    from tests.tiny import tiny_target
-
-    out = {}
-    for seed in (0, 1):
-        target = tiny_target(seed)
-        out[seed] = Engine(target, None, medusa=trained_medusa(target, seed=seed))
-    return out
 
 
 def run(engine, prompt, tree, n=40, sampling=SamplingConfig()):

@@ -12,8 +12,8 @@ from app.engine.adapt import TreeAdapter, chain
 from app.engine.config import SamplingConfig, TreeConfig
 from app.engine.engine import Engine
 from app.engine.verify import logits_to_probs, rule_for
-from tests.test_drafters import engines, run  # noqa: F401 — the Medusa engines fixture
-from tests.test_sampling import E2E_PROMPT, chi_square, exact_joint, peaked  # noqa: F401 — the peaked fixture
+from tests.test_drafters import run
+from tests.test_sampling import E2E_PROMPT, chi_square, exact_joint
 
 
 def test_medusa_head_k_drafts_depth_k(engines):  # noqa: F811

@@ -92,7 +92,6 @@ def test_logits_to_probs_top_k_top_p():
 # under test) decides the second token. (The prompt was picked for that: of 80 random prompts,
 # the one where p(first) p(c1) p(c2) is largest.)
 
-E2E_VOCAB = 16
 E2E_PROMPT = [13, 8, 10, 11]
 E2E_RUNS = 800
 # Chi-square test of the sampled joint of the first two tokens against the exact one, at a
@@ -100,14 +99,6 @@ E2E_RUNS = 800
 # the seeds are fixed, so the outcome is too). Cells expected >= 5 times are tested one by
 # one, the rest pooled into one cell.
 E2E_ALPHA = 1e-4
-
-
-@pytest.fixture(scope="module")
-def peaked():
-    from tests.tiny import tiny_target, trained_head
-
-    target = tiny_target(3, vocab=E2E_VOCAB, hidden=32, layers=1, eos=None, peaky=30.0)
-    return target, trained_head(target, 3, steps=300, seqs=64, length=24, sampled=True)
 
 
 def exact_joint(target, prompt, eos_ids=(), temperature=1.0) -> dict:

@@ -11,10 +11,13 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from app.engine.engine import Engine
 from app.engine.heads.eagle import DraftHead, head_config_for
+from app.engine.heads.medusa import MedusaHeads
 from app.engine.loading import Target
+from app.train.medusa import medusa_loss
 
 VOCAB = 256
 EOS = 2
+E2E_VOCAB = 16        # the end-to-end sampling tests' target (conftest.peaked): every joint of two tokens can be enumerated
 
 
 def tiny_tokenizer(vocab: int = VOCAB) -> PreTrainedTokenizerFast:
@@ -84,6 +87,31 @@ def trained_head(target: Target, seed: int = 0, steps: int = 300, seqs: int = 32
         loss.backward()
         opt.step()
     return head.eval()
+
+
+def medusa_batch(target, seqs=32, length=48, seed=0):
+    """The target's own greedy continuations of random prompts, with their features: the
+    self-distilled data Medusa heads train on (batch keys as app.train's collate makes them)."""
+    g = torch.Generator().manual_seed(seed)
+    model = target.model
+    prompts = torch.randint(3, model.config.vocab_size, (seqs, 4), generator=g)
+    with torch.no_grad():
+        tokens = model.generate(prompts, max_new_tokens=length, do_sample=False, min_new_tokens=length)
+        feats = model.model(tokens).last_hidden_state                                     # (S, T, H)
+    return {"tokens": tokens, "features": feats, "lengths": torch.full((seqs,), tokens.shape[1]),
+            "prompt_lens": torch.full((seqs,), 4)}
+
+
+def trained_medusa(target, heads=3, steps=150, seed=0):
+    medusa = MedusaHeads.from_target(target.model, heads)
+    batch = medusa_batch(target, seed=seed)
+    opt = torch.optim.AdamW(medusa.parameters(), lr=3e-3)
+    for _ in range(steps):
+        loss, _ = medusa_loss(medusa, batch)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return medusa.eval()
 
 
 def eagle3_target(seed: int = 0) -> Target:
