@@ -18,6 +18,7 @@ Modules:
     head_draft.py   the EAGLE head's side of the draft verb (``read_pending``, ``HeadDrafting``)
     factory.py      ``load_engine``: target + draft head + draft vocabulary + Medusa heads
     loading.py      loading the target model (embedded or from the hub) and the heads' folders
+    sources.py      where models come from, by name alone (no torch): the CLI's checks before loading
     device.py       ``cache_dir`` and ``choose_device``
     heads/          the draft heads and their checkpoints: ``load_head`` (either EAGLE kind, either
                     layout) and a head's draft vocabulary (``__init__.py``), the shared checkpoint I/O
