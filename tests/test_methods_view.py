@@ -12,7 +12,7 @@ from app.ui.session import Session
 from app.ui.settings import AppContext, ServerConfig
 from app.engine.drafters.registry import DRAFTERS
 from app.viz.methods import LITERATURE, METHOD_COLOURS, METHOD_NAMES
-from tests.test_drafters import trained_medusa
+from tests.tiny import trained_medusa
 
 PROMPT = "w5 w17 w33 w90 w5 w17"
 
