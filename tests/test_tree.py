@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from app.engine.config import TreeConfig
-from app.engine.tree import ROOT, DraftTree, grow_tree, proposals_needed, tree_attention_mask
+from app.engine.tree import ROOT, DraftTree, finalize, grow_tree, proposals_needed, tree_attention_mask
 
 
 def synthetic_propose(seed: int, vocab: int = 50, peak: float = 3.0):
@@ -84,11 +84,28 @@ def test_dynamic_keeps_the_most_confident_candidates(depth, top_k, total, seed):
     level expands the top_k most confident new nodes."""
     cfg = TreeConfig(method="dynamic", depth=depth, top_k=top_k, total_tokens=total)
     tree, calls = build(cfg, seed)
-    full, _ = build(TreeConfig(method="dynamic", depth=depth, top_k=top_k, total_tokens=256), seed)
+    full, full_calls = build(TreeConfig(method="dynamic", depth=depth, top_k=top_k, total_tokens=256), seed)
     expected = sorted(full.confidence, reverse=True)[:total]
     assert sorted(tree.confidence, reverse=True) == pytest.approx(expected)
     for frontier, d in calls[1:]:
         assert len(frontier) <= top_k
+    # growth skips only what the rerank could never keep: the very tree of the full expansion
+    # (256 keeps every node of these sizes that can reach the top `total`), from fewer rows
+    same = finalize(cfg, full)
+    assert (tree.tokens, tree.parents, tree.ranks) == (same.tokens, same.parents, same.ranks)
+    assert sum(len(f) for f, _ in calls) <= sum(len(f) for f, _ in full_calls)
+
+
+def test_dynamic_growth_drafts_only_rows_that_can_reach_the_tree():
+    """4/2/8: the root proposes 4 children (not 8) and the second level expands the 3 best of
+    them (not 8): a fourth depth-1 node's child would rank behind 3 better depth-1 nodes and
+    its own parent."""
+    cfg = TreeConfig(method="dynamic", depth=2, top_k=8, total_tokens=4)
+    tree, calls = build(cfg, 7)
+    assert proposals_needed(cfg) == 4
+    assert [len(f) for f, _ in calls] == [1, 3]
+    full, _ = build(TreeConfig(method="dynamic", depth=2, top_k=8, total_tokens=80), 7)
+    assert tree.tokens == finalize(cfg, full).tokens
 
 
 def test_threshold_rule_by_hand():
