@@ -131,11 +131,12 @@ def main(args) -> int:
         specs = parse_methods(args.methods, tree_config_from(args, "dynamic"))
         sampling = SamplingConfig(temperature=args.temperature, seed=args.seed)
         need_head = any(s.uses_head and not s.head for s in specs)
+        need_medusa = any(s.uses_medusa for s in specs)
         check_before_loading(args.base_model, args.draft_model, args.device, head=need_head,
-                             medusa=any(s.uses_medusa for s in specs), medusa_model=args.medusa_model)
+                             medusa=need_medusa, medusa_model=args.medusa_model)
         engine, _ = load_engine(args.base_model, args.draft_model, args.device, args.dtype,
                                 head="required" if need_head else "none",
-                                medusa="required" if any(s.uses_medusa for s in specs) else "none",
+                                medusa="required" if need_medusa else "none",
                                 medusa_model=args.medusa_model, forward=args.forward)
         engines = {None: engine}
         for head in dict.fromkeys(s.head for s in specs if s.head):   # @HEAD: the same target, another head
