@@ -74,7 +74,7 @@ def test_the_race_never_reuses_a_vanilla_timing(ctx):
 
 def test_the_race_says_its_threads_and_a_fall_back_to_one(tiny):
     """The speedup's conditions name the threads the run used; when a neighbour arrives
-    mid-run (steps 100 ms slower on 2 threads after the 4th verify: tests/tiny.py's
+    mid-run (steps 500 ms slower on 2 threads after the 4th verify: tests/tiny.py's
     Crowded) they say the run went on one thread, and why."""
     import torch
 
