@@ -29,6 +29,11 @@ def simulate(adapter: TreeAdapter, steps: int, cost_ms, accepted_of, start=None)
     return used
 
 
+def deep() -> list[TreeConfig]:
+    """The default candidates with chains down to depth 4: room for the bandit to go deep."""
+    return default_candidates(max_chain=4)
+
+
 def nodes(tree) -> int:
     return tree.total_tokens if tree.uses_draft else 0
 
@@ -39,14 +44,14 @@ def always(k):
 
 def test_cheap_trees_go_deep_and_expensive_trees_stay_short():
     # the head's drafts are accepted 3 deep every time; only the cost of a level differs
-    flat = simulate(TreeAdapter(default_candidates()), 60, lambda t, i: 20 + 1 * nodes(t), always(3))
-    steep = simulate(TreeAdapter(default_candidates()), 60, lambda t, i: 20 + 40 * nodes(t), always(3))
+    flat = simulate(TreeAdapter(deep()), 60, lambda t, i: 20 + 1 * nodes(t), always(3))
+    steep = simulate(TreeAdapter(deep()), 60, lambda t, i: 20 + 40 * nodes(t), always(3))
     assert max(set(flat[20:]), key=flat[20:].count) == "3/3/1"      # depth 4 would not add a token
     assert max(set(steep[20:]), key=steep[20:].count) == "vanilla"   # 60 ms for 2 tokens loses to 20 ms for 1
-    mid = simulate(TreeAdapter(default_candidates()), 60, lambda t, i: 20 + 12 * nodes(t), always(1))
+    mid = simulate(TreeAdapter(deep()), 60, lambda t, i: 20 + 12 * nodes(t), always(1))
     assert max(set(mid[20:]), key=mid[20:].count) == "1/1/1"          # 32 ms for 2 tokens: the one-node chain
     # where no draft is ever accepted, every tree only costs: the run falls back to plain decoding
-    idle = simulate(TreeAdapter(default_candidates()), 60, lambda t, i: 20 + 40 * nodes(t), always(0))
+    idle = simulate(TreeAdapter(deep()), 60, lambda t, i: 20 + 40 * nodes(t), always(0))
     assert idle[20:].count("vanilla") > 30
 
 
@@ -55,7 +60,7 @@ def test_a_change_of_load_moves_the_tree():
     forwards suffer most): the adapter leaves the deep chain for a short one."""
     def cost(t, i):
         return 20 + (1 if i < 60 else 60) * nodes(t)
-    used = simulate(TreeAdapter(default_candidates(), explore_every=6), 140, cost, always(3))
+    used = simulate(TreeAdapter(deep(), explore_every=6), 140, cost, always(3))
     before, after = used[30:60], used[100:]
     assert before.count("3/3/1") > 20
     assert after.count("1/1/1") + after.count("vanilla") > 25
@@ -64,33 +69,54 @@ def test_a_change_of_load_moves_the_tree():
 def test_a_change_of_text_moves_the_tree():
     """Code then prose: acceptance falls from 3 deep to none; the deep chain stops paying."""
     accepted = lambda t, i: 3 if i < 60 else 0                     # noqa: E731
-    used = simulate(TreeAdapter(default_candidates(), explore_every=6), 140, lambda t, i: 20 + 8 * nodes(t), accepted)
+    used = simulate(TreeAdapter(deep(), explore_every=6), 140, lambda t, i: 20 + 8 * nodes(t), accepted)
     assert used[30:60].count("3/3/1") > 20
     assert used[100:].count("vanilla") > 25          # no draft accepted any more: plain decoding wins
 
 
 def test_a_chain_step_teaches_every_shorter_chain():
-    adapter = TreeAdapter([chain(1), chain(2), chain(4)])
+    adapter = TreeAdapter([chain(1), chain(2), chain(4)], prior_tau={"1/1/1": 1.0, "2/2/1": 1.0, "4/4/1": 1.0})
     adapter.start(chain(4))
     for arm in adapter.arms:
         arm.ms = 10.0
     event = StepEvent(step=1, method="dynamic", tree=None, accepted=[1, 2], bonus=3, new_tokens=[1, 2, 3], text="",
                       tree_config=chain(4).shape(), step_ms=10.0)
     adapter.observe(event)
-    assert [a.tau for a in adapter.arms] == [2.0, 3.0, 3.0]       # 1 + min(2, d)
+    # 1 + min(2, d) = 2, 3, 3 tokens, each moving its prior (1.0) by the decay, 0.25
+    assert [a.tau for a in adapter.arms] == [1.25, 1.5, 1.5]
     assert [a.tau_seen for a in adapter.arms] == [1, 1, 1]
 
 
-def test_every_candidate_is_tried_and_the_prefill_is_ignored():
-    adapter = TreeAdapter(default_candidates())
+def test_every_candidate_is_tried_and_the_prefill_and_first_step_are_not_timed():
+    adapter = TreeAdapter(deep())
     adapter.start(chain(2))
     adapter.observe(StepEvent(step=0, method="dynamic", tree=None, accepted=[], bonus=1, new_tokens=[1], text="",
                               prefill=True, step_ms=500.0))
     assert adapter.steps == 0 and all(a.ms is None for a in adapter.arms)
-    used = simulate(adapter, 7, lambda t, i: 10.0, always(0), start=chain(2))
-    assert sorted(used) == ["1/1/1", "2/2/1", "3/2/2", "3/3/1", "4/2/2", "4/4/1", "vanilla"] and used[0] == "2/2/1"
+    # the first step also feeds the prompt through the head: its time says nothing of its tree,
+    # so the start tree runs again for a measurement before the others get their first try
+    used = simulate(adapter, 8, lambda t, i: 100.0 if i == 0 else 10.0, always(0), start=chain(2))
+    assert used[:2] == ["2/2/1", "2/2/1"] and adapter.arms[2].ms == 10.0
+    assert sorted(used[1:]) == ["1/1/1", "2/2/1", "3/2/2", "3/3/1", "4/2/2", "4/4/1", "vanilla"]
     with pytest.raises(ValueError, match="candidates"):
         TreeAdapter([])
+
+
+def test_one_slow_step_or_one_unlucky_step_does_not_bench_a_tree():
+    adapter = TreeAdapter([chain(1), chain(2)], prior_tau={"1/1/1": 1.5, "2/2/1": 2.0})
+    adapter.start(chain(2))
+    for arm in adapter.arms:
+        arm.ms = 10.0
+    adapter.steps = 5                              # past the untimed first step
+    event = StepEvent(step=6, method="dynamic", tree=None, accepted=[], bonus=3, new_tokens=[3], text="",
+                      tree_config=chain(2).shape(), step_ms=1000.0)
+    adapter.observe(event)
+    two = adapter.arms[1]
+    assert two.ms == 0.75 * 10.0 + 0.25 * 20.0     # a burst counts as twice the estimate, not 100 times
+    assert two.tau == 0.75 * 2.0 + 0.25 * 1.0      # nothing accepted: the estimate moves, it is not replaced
+    # the one-node chain learned from the same step (1 token where 1.5 was assumed): 1.75 / 12.5 still beats
+    # its 1.375 / 10
+    assert adapter.arms[0].tau == 0.75 * 1.5 + 0.25 * 1.0 and adapter.best() == 1
 
 
 POLICIES = [TreeConfig(method="vanilla"), chain(1), chain(3), TreeConfig(method="dynamic", depth=3, top_k=4, total_tokens=12),
@@ -167,3 +193,13 @@ def test_a_step_without_a_draft_keeps_the_heads_pairs_in_order(tiny):
     n = len(run.pending_tokens)
     assert run.pending_tokens == run.tokens[-n:]
     assert torch.allclose(run.pending_features[0], full[0, -n:], atol=1e-4)
+
+
+def test_every_reason_to_switch_has_words_on_the_page():
+    from app.viz.phases import SWITCH_REASONS
+
+    adapter = TreeAdapter(default_candidates(), explore_every=3)
+    simulate(adapter, 40, lambda t, i: 20 + 4 * nodes(t), lambda t, i: i % 3)
+    reasons = {why for _, _, why in adapter.switches}
+    assert {"first try", "highest measured tokens/s", "refresh the most promising other estimate"} <= reasons
+    assert reasons <= set(SWITCH_REASONS)

@@ -10,12 +10,19 @@ chosen once at start-up is right for neither for long.
 How (a small bandit over trees, every number measured by the run itself):
 
 * each candidate c keeps an exponential moving average of its tokens per step tau_c and of
-  its step time ms_c; the next step runs the c with the highest tau_c / ms_c;
+  its step time ms_c; the next step runs the c with the highest tau_c / ms_c. tau_c starts
+  at a prior (the calibration's, else an optimistic guess) that observations move away from
+  step by step: one unlucky step (tau 1 where 2.2 is usual) must not bench a tree for the
+  rest of the run. A step time more than twice the estimate counts as twice it (a
+  neighbour's burst, a page fault), and the run's first step is not timed at all: it also
+  feeds the whole prompt through the head, a one-off that says nothing about its tree;
 * a top-1 chain of depth D that accepted k drafts also tells what every shorter chain of
   depth d <= D would have accepted: min(k, d) (a shorter chain's nodes are the first d nodes
   of the longer one). So one step updates the acceptance of all shorter chains;
-* every ``explore_every`` steps one neighbour of the current best (the next smaller or
-  larger candidate, alternating) runs once, so estimates that go stale get refreshed.
+* every ``explore_every`` steps another candidate runs once, so estimates that go stale get
+  refreshed: the one with the highest estimated rate, raised the less it has been observed
+  (``promise``), so a tree judged on one unlucky step gets another look before a tree
+  judged on twenty.
 
 Output never depends on the tree: greedy output is that of plain decoding for any tree,
 and speculative sampling is exact for any tree chosen before its step drafts (the choice
@@ -24,6 +31,7 @@ says which tree ran.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
@@ -62,7 +70,16 @@ def auto_lookup(engine) -> int:
 SMALL_TREES = ((3, 2, 2), (4, 2, 2))
 
 
-def default_candidates(best: TreeConfig | None = None, max_chain: int = 4,
+# The deepest top-1 chain among the default candidates. On a CPU, with a prompt-lookup branch
+# beside them, deeper chains (3/3/1, 4/4/1) cost more in first tries and exploration (every
+# candidate runs once per run, then now and then) than they returned: over the six suites (24 prompts, 128
+# tokens, interleaved) dropping them took the adaptive default from 1.48x to 1.53x our
+# vanilla natively (a fixed 3/2/2 ran 1.53x) and from 1.31x to 1.35x under AVX2 emulation.
+# Where drafting is cheap (a GPU), the tuned tree ``best`` brings the depth.
+MAX_CHAIN = 2
+
+
+def default_candidates(best: TreeConfig | None = None, max_chain: int = MAX_CHAIN,
                        base: TreeConfig = TreeConfig()) -> list[TreeConfig]:
     """Plain decoding (no draft: where no tree pays, e.g. a CPU with no spare compute, the run
     can still fall back to it), chains of depth 1..``max_chain``, the ``SMALL_TREES`` and, if
@@ -86,6 +103,12 @@ def _path_end(event) -> int:
 
 def _is_chain(t: TreeConfig) -> bool:
     return t.one_wide and t.total_tokens >= t.depth
+
+
+# A step time above this many times its tree's estimate is counted as this many times it.
+OUTLIER = 2.0
+# How much exploration favours a little-observed candidate (``TreeAdapter.promise``).
+EXPLORE_BONUS = 0.5
 
 
 @dataclass
@@ -113,7 +136,6 @@ class TreeAdapter:
     arms: list[_Arm] = field(init=False, default_factory=list)
     current: int = field(init=False, default=0)
     steps: int = field(init=False, default=0)
-    _flip: bool = field(init=False, default=False)
     switches: list[tuple[int, int, str]] = field(init=False, default_factory=list)   # (step, arm, why)
 
     def __post_init__(self) -> None:
@@ -139,7 +161,7 @@ class TreeAdapter:
                           prior.get(self._key(t), 1.0 + sum(0.7 ** d for d in range(1, t.depth + 1))))
                      for t in self.candidates]
         self.current = next((i for i, a in enumerate(self.arms) if tree is not None and _same(a.tree, tree)), 0)
-        self.steps, self._flip, self.switches = 0, False, []
+        self.steps, self.switches = 0, []
 
     def next_tree(self) -> TreeConfig:
         """The tree for the next step."""
@@ -149,13 +171,10 @@ class TreeAdapter:
         if untried:                              # every candidate runs once first, nearest first
             pick = min(untried, key=lambda i: abs(i - self.current))
             why = "first try"
-        elif self.steps and self.steps % self.explore_every == 0:
+        elif self.steps and self.steps % self.explore_every == 0 and len(self.arms) > 1:
             best = self.best()
-            self._flip = not self._flip
-            step = 1 if self._flip else -1
-            pick = best + step if 0 <= best + step < len(self.arms) else best - step
-            pick = min(max(pick, 0), len(self.arms) - 1)
-            why = "refresh a neighbour's estimate"
+            pick = max((i for i in range(len(self.arms)) if i != best), key=self.promise)
+            why = "refresh the most promising other estimate"
         else:
             pick = self.best()
             why = "highest measured tokens/s"
@@ -175,8 +194,10 @@ class TreeAdapter:
         k = len(event.accepted)
         done = len(event.new_tokens) < len(event.accepted) + 1     # cut by EOS / the budget: no full bonus
         a = self.arms[arm]
-        a.ms = event.step_ms if a.ms is None else (1 - self.decay) * a.ms + self.decay * event.step_ms
         a.runs += 1
+        if self.steps > 1:          # the first step also read the prompt's pairs through the head
+            ms = event.step_ms if a.ms is None else min(event.step_ms, OUTLIER * a.ms)
+            a.ms = ms if a.ms is None else (1 - self.decay) * a.ms + self.decay * ms
         if done or not a.tree.uses_draft:
             return
         if _is_chain(a.tree):      # a chain of depth D tells every shorter chain: min(k, d)
@@ -192,13 +213,20 @@ class TreeAdapter:
     # --- estimates --------------------------------------------------------------------------
 
     def _learn_tau(self, arm: _Arm, tau: float) -> None:
-        arm.tau = tau if arm.tau_seen == 0 else (1 - self.decay) * arm.tau + self.decay * tau
+        arm.tau = (1 - self.decay) * arm.tau + self.decay * tau      # from the prior, never replacing it
         arm.tau_seen += 1
 
     def rate(self, i: int) -> float:
         """Estimated tokens per ms of candidate i (0 before it has run)."""
         a = self.arms[i]
         return a.tau / a.ms if a.ms else 0.0
+
+    def promise(self, i: int) -> float:
+        """Candidate i's estimated tokens per ms, raised by how little it has been observed
+        (by ``EXPLORE_BONUS`` / sqrt(1 + observations)): what exploration refreshes next. A tree
+        seen once, on a step that accepted little, keeps a chance; one seen often, little."""
+        a = self.arms[i]
+        return self.rate(i) * (1 + EXPLORE_BONUS / math.sqrt(1 + max(a.runs, a.tau_seen)))
 
     def best(self) -> int:
         """The candidate with the highest estimated tokens/s (ties: the smaller tree)."""

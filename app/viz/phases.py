@@ -84,7 +84,8 @@ def tree_shape(config: dict | None) -> str:
 SWITCH_REASONS = {
     "first try": "the run tries every candidate tree once, to measure it",
     "highest measured tokens/s": "the run measured it faster",
-    "refresh a neighbour's estimate": "now and then the run re-measures a neighbouring tree",
+    "refresh the most promising other estimate": "now and then the run re-measures another tree, "
+                                                 "the most promising for how little it has been measured",
 }
 
 
