@@ -1,0 +1,109 @@
+"""The adaptive default tree (``app.engine.adapt``) against a baseline version of itself and
+against fixed trees, interleaved prompt by prompt over the evaluation suites.
+
+    python scripts/adaptive_ab.py --baseline 9823580 --limit 4 --threads 2
+    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 python scripts/adaptive_ab.py ...
+
+Every method decodes every prompt greedily (128 new tokens), the methods' order rotating from
+prompt to prompt so that a slow minute falls on each of them in turn. ``--baseline REV`` loads
+``app/engine/adapt.py`` as it was at git revision REV beside today's (its own module, the
+same engine, the same candidates and priors), so a change to the bandit is measured against
+what it replaced in one process. Prints tokens per second of each method (decoded tokens over
+the decoding steps' time, prefill excluded, pooled over the prompts), its ratio to vanilla,
+and how many steps each adaptive run spent on each tree.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import importlib.util
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from app.bench.prompts import load_suite  # noqa: E402
+from app.engine import adapt  # noqa: E402
+from app.engine.config import SamplingConfig, TreeConfig, TreeShape  # noqa: E402
+from app.engine.factory import load_engine  # noqa: E402
+
+SUITES = ("alpaca", "gsm8k", "humaneval", "mt_bench", "qa", "sum")
+
+
+def adapt_at(rev: str):
+    """``app/engine/adapt.py`` as it was at git revision ``rev``, imported as its own module."""
+    source = subprocess.run(["git", "show", f"{rev}:app/engine/adapt.py"], cwd=ROOT, check=True,
+                            capture_output=True, text=True).stdout
+    path = Path(tempfile.mkdtemp()) / f"adapt_{rev}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(f"adapt_{rev}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module          # dataclasses look their module up while it loads
+    spec.loader.exec_module(module)
+    return module
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--baseline", default=None, help="git revision of the adapter to compare against")
+    p.add_argument("--fixed", default="3/2/2", help="fixed trees (total/depth/top_k list), with the default branch")
+    p.add_argument("--limit", type=int, default=2, help="prompts per suite")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--dtype", default="auto")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    engine, _ = load_engine(None, None, "cpu", args.dtype)
+    start, adapter, _ = adapt.adapter_for(engine, TreeConfig(), measure=True)
+    lookup = adapt.auto_lookup(engine)
+    methods = {"vanilla": lambda: (adapt.VANILLA, None),
+               "adaptive": lambda: (start, adapt.TreeAdapter(adapter.candidates, prior_tau=adapter.prior_tau))}
+    if args.baseline:
+        old = adapt_at(args.baseline)
+        # the baseline's own candidate set, from the same tuned tree and branch
+        best = next((t for t in adapter.candidates if t.uses_draft and adapt._same(t, start)), None)
+        old_candidates = old.default_candidates(best, base=replace(TreeConfig(), lookup=lookup))
+        methods[f"adaptive@{args.baseline}"] = lambda: (start, old.TreeAdapter(old_candidates,
+                                                                                prior_tau=adapter.prior_tau))
+    for spec in filter(None, args.fixed.split(",")):
+        tree = replace(TreeShape.parse(spec).config("dynamic"), lookup=lookup)
+        methods[f"{spec}+lookup{lookup}"] = lambda tree=tree: (tree, None)
+    prompts = [q for suite in SUITES for q in load_suite(suite, args.limit)]
+    print(f"# {platform.processor() or platform.machine()}, dtype {engine.target.dtype}, {args.threads} threads, "
+          f"{len(prompts)} prompts, load average at start {os.getloadavg()[0]:.2f}")
+    tokens, seconds = collections.Counter(), collections.Counter()
+    used: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    names = list(methods)
+    for i, prompt in enumerate(prompts):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            tree, bandit = methods[name]()
+            for event in engine.generate(prompt.text, tree=tree, sampling=SamplingConfig(),
+                                         max_new_tokens=args.max_new_tokens, adapt=bandit):
+                if event.type == "summary" or event.prefill:
+                    continue
+                tokens[name] += len(event.new_tokens)
+                seconds[name] += event.step_ms / 1e3
+                if bandit is not None:
+                    shape = event.tree_config
+                    used[name][str(TreeShape(shape["total_tokens"], shape["depth"], shape["top_k"]))
+                               if shape else "vanilla"] += 1
+    base = tokens["vanilla"] / seconds["vanilla"]
+    print("\n| method | tokens/s | x vanilla | steps per tree |\n|---|---|---|---|")
+    for name in names:
+        rate = tokens[name] / seconds[name]
+        trees = ", ".join(f"{k} {v}" for k, v in sorted(used[name].items(), key=lambda kv: -kv[1]))
+        print(f"| {name} | {rate:.1f} | {rate / base:.3f} | {trees or '-'} |")
+    print(f"\nload average at end {os.getloadavg()[0]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
