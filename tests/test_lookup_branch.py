@@ -201,7 +201,7 @@ def test_records_with_a_branch_load_as_a_trace_and_the_page_tells_it_apart(tiny)
 
 
 def test_the_adapter_learns_from_a_copied_path_for_every_shorter_chain():
-    adapter = TreeAdapter([chain(1), chain(2), chain(4)])
+    adapter = TreeAdapter([chain(1), chain(2), chain(4)], prior_tau={"1/1/1": 1.0, "2/2/1": 1.0, "4/4/1": 1.0})
     adapter.start(chain(4))
     for arm in adapter.arms:
         arm.ms = 10.0
@@ -212,7 +212,8 @@ def test_the_adapter_learns_from_a_copied_path_for_every_shorter_chain():
     event = StepEvent(step=1, method="dynamic", tree=tree, accepted=[5, 9], bonus=3, new_tokens=[5, 9, 3], text="",
                       tree_config=chain(4).shape(), step_ms=10.0)
     adapter.observe(event)
-    assert [a.tau for a in adapter.arms] == [3.0, 3.0, 3.0]     # the branch hangs from every chain alike
+    # the branch hangs from every chain alike: 3 tokens for each, moving its prior (1.0) by the decay
+    assert [a.tau for a in adapter.arms] == [1.5, 1.5, 1.5]
 
 
 def test_the_auto_tree_verifies_a_branch_unless_told_not_to(tiny):

@@ -34,7 +34,7 @@ def test_probe_times_every_option_and_drops_a_collapsed_one():
     def forward():
         n = torch.get_num_threads()
         calls[n] += 1
-        time.sleep(0.002 if n == 1 else 0.03)
+        time.sleep(0.002 if n == 1 else 0.25)   # apart by more than a busy machine delays a wake-up
 
     before = torch.get_num_threads()
     gov = threads.ThreadGovernor(options=[1, 2], rounds=3)
@@ -49,8 +49,9 @@ def test_probe_times_every_option_and_drops_a_collapsed_one():
 
 
 def _two_threads_win(gov: threads.ThreadGovernor) -> None:
-    """``gov.apply`` with a probe forward that 2 threads run faster: it chooses 2."""
-    assert gov.apply(lambda: time.sleep(0.002 if torch.get_num_threads() == 2 else 0.02)) == 2
+    """``gov.apply`` with a probe forward that 2 threads run faster: it chooses 2. The two
+    sleeps are far apart: with two pytest workers beside it, a 2 ms sleep has woken 20 ms late."""
+    assert gov.apply(lambda: time.sleep(0.002 if torch.get_num_threads() == 2 else 0.25)) == 2
 
 
 def test_a_run_falls_back_to_one_thread_when_a_neighbour_arrives(tiny):
