@@ -132,8 +132,9 @@ only; the reference code's `total_token` also counts the root, so its `total_tok
 means the same in both.
 
 **Adapting the tree:** with *adapt the tree while decoding* (method dynamic) the run chooses
-each step's tree itself among a few candidates (chains of 1–4 guesses and the tree sized for
-this machine), by the tokens per second it has measured so far; the step account says when
+each step's tree itself among a few candidates (plain decoding, chains of 1–2 guesses, two
+small trees and the tree sized for this machine), by the tokens per second it has measured so
+far; the step account says when
 the tree changes and why. The output does not change, only the speed.
 """
 
