@@ -18,7 +18,6 @@ import argparse
 import collections
 import importlib.util
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -30,8 +29,9 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from app.bench.cli import _machine  # noqa: E402
 from app.bench.prompts import load_suite  # noqa: E402
-from app.engine import adapt  # noqa: E402
+from app.engine import adapt, kernels  # noqa: E402
 from app.engine.config import SamplingConfig, TreeConfig, TreeShape  # noqa: E402
 from app.engine.factory import load_engine  # noqa: E402
 
@@ -77,8 +77,9 @@ def main() -> int:
         tree = replace(TreeShape.parse(spec).config("dynamic"), lookup=lookup)
         methods[f"{spec}+lookup{lookup}"] = lambda tree=tree: (tree, None)
     prompts = [q for suite in SUITES for q in load_suite(suite, args.limit)]
-    print(f"# {platform.processor() or platform.machine()}, dtype {engine.target.dtype}, {args.threads} threads, "
-          f"{len(prompts)} prompts, load average at start {os.getloadavg()[0]:.2f}")
+    isa = [f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16") if f in kernels.cpu_flags()]
+    print(f"# {_machine()}; flags {' '.join(isa)}; fast kernels {kernels.load().kind}; dtype {engine.target.dtype}, "
+          f"{args.threads} threads, {len(prompts)} prompts, load average at start {os.getloadavg()[0]:.2f}")
     tokens, seconds = collections.Counter(), collections.Counter()
     used: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     names = list(methods)
@@ -92,9 +93,7 @@ def main() -> int:
                 tokens[name] += len(event.new_tokens)
                 seconds[name] += event.step_ms / 1e3
                 if bandit is not None:
-                    shape = event.tree_config
-                    used[name][str(TreeShape(shape["total_tokens"], shape["depth"], shape["top_k"]))
-                               if shape else "vanilla"] += 1
+                    used[name][str(TreeShape.of(event.tree_config)) if event.tree_config else "vanilla"] += 1
     base = tokens["vanilla"] / seconds["vanilla"]
     print("\n| method | tokens/s | x vanilla | steps per tree |\n|---|---|---|---|")
     for name in names:

@@ -134,8 +134,8 @@ means the same in both.
 **Adapting the tree:** with *adapt the tree while decoding* (method dynamic) the run chooses
 each step's tree itself among a few candidates (plain decoding, chains of 1–2 guesses, two
 small trees and the tree sized for this machine), by the tokens per second it has measured so
-far; the step account says when
-the tree changes and why. The output does not change, only the speed.
+far; the step account says when the tree changes and why. The output does not change, only
+the speed.
 """
 
 HOW_IT_WORKS_VIEWS = (
