@@ -210,9 +210,10 @@ def test_the_head_reads_each_feature_with_the_next_token(tiny):
     the root's children in the tree (tokens and q) must be q's best of the head run from scratch
     over the pairs (f[j], x[j+1]) of the whole committed sequence — f from one plain target
     forward, no cache — whose last output predicts the feature at the root. Pairing a token
-    with its own feature (x[j]), or dropping a pair, gives other candidates."""
+    with its own feature (x[j]), or dropping a pair, gives other candidates. (The draft reads
+    the head's own weights here, not the default int8, so that its q is the head's.)"""
     target, head = tiny
-    engine = Engine(target, head)
+    engine = Engine(target, head, draft_weights="head")
     tree = TreeConfig(method="dynamic", depth=3, top_k=4, total_tokens=8)
     steps, _ = run(engine, PROMPTS[1], tree, n=24)
     committed = list(PROMPTS[1]) + steps[0].new_tokens

@@ -138,16 +138,18 @@ def test_one_call_decoder_is_the_per_kernel_forward_bit_for_bit(dtype):
         decoder.one_call = True
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_heads_one_call_layer_is_its_per_kernel_forward_bit_for_bit(dtype):
+@pytest.mark.parametrize("dtype,int8", [(torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True)])
+def test_the_heads_one_call_layer_is_its_per_kernel_forward_bit_for_bit(dtype, int8):
     """An EAGLE head's layer on the fast kernels runs as one ``kernels.decoder`` call (no input
     norm, no final norm; RoPE from a table): over the pending pairs, then tree levels with their
     own masks, the outputs and the keys and values it caches are those of the per-kernel path
-    with the head's own rotary embedding, bit for bit."""
+    with the head's own rotary embedding, bit for bit; with its weights in int8 as well."""
     target = tiny_target(seed=3)
     head = random_head(target, seed=4).to(dtype)
-    draft = RowwiseDraftHead(head)
+    draft = RowwiseDraftHead(head, int8)
     assert RowwiseDraftHead.supports(head) and draft.one_call
+    assert draft.qkv.format == draft.down.format == (kernels.INT8 if int8 else kernels.BF16 if dtype == torch.bfloat16
+                                                     else kernels.F32)
     g = torch.Generator().manual_seed(0)
     H = target.model.config.hidden_size
     caches = (kv.preallocated_cache(None, 4), kv.preallocated_cache(None, 4))    # capacity 4: they grow
@@ -253,7 +255,8 @@ def test_the_avx2_and_avx512_builds_give_the_same_bits(kernel_build):
     """The kernels have one arithmetic per element on every ISA; the ISAs differ only in how
     it is vectorised (AVX2's exp is written in ymm intrinsics, AVX-512's is a lane loop gcc
     vectorises). Built both ways on this CPU, SwiGLU, attention (softmax numerators through
-    that exp, over large, small and masked scores) and a float32 linear give the same bits.
+    that exp, over large, small and masked scores) and a float32 and an int8 linear give the
+    same bits.
     An AVX2-only machine runs the AVX2 build here against itself."""
     import ctypes
 
@@ -272,7 +275,8 @@ def test_the_avx2_and_avx512_builds_give_the_same_bits(kernel_build):
         for kind, lib in builds.items():
             kernels._lib = lib
             results[kind] = [kernels.silu_mul(gate_up), kernels.attention(q, k, v, seen, 0.125),
-                             kernels.attention(q, k, v, None, 3.0), kernels.linear(x, kernels.Packed(w))]
+                             kernels.attention(q, k, v, None, 3.0), kernels.linear(x, kernels.Packed(w)),
+                             kernels.linear(x, kernels.Packed(w, int8=True))]
     finally:
         kernels.reset()
         kernels.load()
@@ -303,6 +307,39 @@ def test_bfloat16_weights_widened_in_registers_compute_what_torch_computes(kind,
             x = torch.randn(2 * lib.rowwise_block_rows() + 1, K, generator=g)
             for m in range(1, x.shape[0] + 1):
                 torch.testing.assert_close(kernels.linear(x[:m], packed), x[:m] @ w.float().T, rtol=1e-5, atol=1e-5)
+    finally:
+        kernels._lib = ours
+
+
+@pytest.mark.parametrize("kind", ["avx2", "avx512"])
+def test_int8_weights_compute_the_product_with_the_quantized_weight(kind, kernel_build):
+    """A draft head's int8 weights (``Packed(w, int8=True)``): each output is x times the
+    dequantized row ``q * scale`` (to float32 rounding), every row count from one to past two
+    register blocks, a last group of fewer columns, and a row's bits are the same computed
+    alone or beside others, on each ISA's build (both give the same bits: the next test)."""
+    import ctypes
+
+    if kind == "avx512" and not {"avx512f", "avx512bw"} <= kernels.cpu_flags():
+        pytest.skip("no AVX-512 on this CPU")
+    lib, ours = kernels.declare(ctypes.CDLL(str(kernel_build(kind))), kind), kernels.load()
+    g = torch.Generator().manual_seed(11)
+    try:
+        kernels._lib = lib
+        for N, K in [(100, 64), (49, 33), (200, 96)]:
+            w = torch.randn(N, K, generator=g).bfloat16()
+            w[3] = 0                                                  # an all-zero row
+            packed = kernels.Packed(w, int8=True)
+            padded = -(-N // kernels.group()) * kernels.group()
+            assert packed.format == kernels.INT8 and packed.data.numel() == padded * (K + 4)   # bytes: int8 + scales
+            q, scale = kernels.quantize_int8(w)
+            assert q.abs().max() == 127 and (q.float() * scale[:, None] - w.float()).abs().max() <= scale.max() / 2
+            x = torch.randn(2 * lib.rowwise_block_rows() + 1, K, generator=g)
+            y = kernels.linear(x, packed)
+            torch.testing.assert_close(y, (x.double() @ (q.double() * scale.double()[:, None]).T).float(),
+                                       rtol=1e-5, atol=1e-5)
+            for m in range(1, x.shape[0] + 1):
+                assert torch.equal(kernels.linear(x[m - 1:m], packed)[0], y[m - 1])
+                assert torch.equal(kernels.linear(x[:m], packed), y[:m])
     finally:
         kernels._lib = ours
 
@@ -428,11 +465,35 @@ def test_greedy_eagle_equals_vanilla_on_the_fast_forward(dtype):
 
     engine, _ = load_engine(device="cpu", dtype=dtype)
     assert isinstance(engine.decoder, RowwiseLlamaDecoder)
+    assert engine.draft_forward.qkv.format == engine._draft_lm_packed.format == kernels.INT8   # the default draft
     for prompt in ("Write a short poem about the sea.", "What is 17 times 23? Show the steps."):
         vanilla = answer(engine, TreeConfig(method="vanilla"), 40, prompt)
         for tree in (TreeConfig(method="chain", depth=4), TreeConfig(total_tokens=8, depth=3, top_k=3),
                      TreeConfig(total_tokens=60, depth=5, top_k=10)):
             assert answer(engine, tree, 40, prompt) == vanilla, (dtype, prompt, tree.shape())
+
+
+@pytest.mark.slow
+def test_the_int8_draft_accepts_about_as_much_as_the_heads_own_weights():
+    """The default draft reads int8 weights (the head's layer and its draft LM head): faster to
+    read, and its proposals are nearly the head's own. Over the same prompt and trees, the
+    tokens per step stay within a few percent of the bfloat16 head's (a wrong scale or layout
+    would still be lossless, but would propose nonsense and accept almost nothing)."""
+    from app.engine.factory import load_engine
+
+    engine, _ = load_engine(device="cpu", dtype="bfloat16")
+    own = Engine(engine.target, engine.head, draft_vocab=engine.draft_vocab, draft_weights="head")
+    assert own.draft_forward.qkv.format == own._draft_lm_packed.format == kernels.BF16
+    with pytest.raises(ValueError, match="draft_weights"):
+        Engine(engine.target, engine.head, draft_weights="int4")
+    prompt = "Explain how a bicycle works, step by step."
+    for tree in (TreeConfig(total_tokens=4, depth=2, top_k=8), TreeConfig(method="chain", depth=3)):
+        tau = []
+        for e in (engine, own):
+            events = [ev for ev in e.generate(prompt, tree=tree, sampling=SamplingConfig(temperature=0.0),
+                                              max_new_tokens=64) if ev.type != "summary" and not ev.prefill]
+            tau.append(sum(len(ev.new_tokens) for ev in events) / len(events))
+        assert tau[0] >= 0.92 * tau[1] and tau[1] > 1.3, (tree.shape(), tau)
 
 
 def test_without_a_compiler_the_engine_falls_back_to_eager_with_one_line(monkeypatch, tmp_path, capsys):

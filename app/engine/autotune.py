@@ -204,6 +204,7 @@ def _calibration_key(engine, settings: dict) -> dict:
     # the key holds every setting calibrate() is called with, defaults included, so a change of
     # the built-in prompts or lengths invalidates old records instead of silently reusing them
     return dict(cost_cache_key(engine.target), head=head_fingerprint(engine.head), records="chain+interleaved",
+                draft_weights=getattr(engine, "draft_weights", "head"),
                 **{k: (list(v) if isinstance(v, tuple) else v) for k, v in sorted(settings.items())})
 
 

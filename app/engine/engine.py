@@ -66,14 +66,19 @@ class Engine:
     """Speculative decoding with an EAGLE head over a stock transformers causal LM."""
 
     def __init__(self, target: Target, head=None, limits: GenerationLimits = GenerationLimits(),
-                 draft_vocab: torch.Tensor | None = None, medusa=None):
+                 draft_vocab: torch.Tensor | None = None, medusa=None, draft_weights: str = "int8"):
         """``draft_vocab``: optional (Vd,) token ids the head may propose (EAGLE-3's reduced
         draft vocabulary). On a CPU the draft's LM head is memory-bound — every draft level
         reads the whole (V, H) matrix, as many bytes as the target's attention layers — so
         restricting it to the tokens the target actually writes makes drafting several times
         cheaper. Verification is untouched, so output stays lossless; only acceptance can
         drop when the target's token lies outside the set. ``medusa``: optional
-        ``heads.medusa.MedusaHeads`` for the medusa method."""
+        ``heads.medusa.MedusaHeads`` for the medusa method. ``draft_weights``: on the fast
+        kernels an EAGLE-1/2 head's layer and draft LM head read "int8" weights (half the
+        bytes of bfloat16 at every draft level; acceptance within 1%,
+        benchmarks/fast-forward/int8-draft.md) or "head", the head's own dtype."""
+        if draft_weights not in ("int8", "head"):
+            raise ValueError(f"draft_weights must be 'int8' or 'head', got {draft_weights!r}")
         self.target = target
         self.head = head
         self.medusa = medusa
@@ -108,10 +113,13 @@ class Engine:
         # block), or None where rows are not counted (the eager forward): see _with_lookup_branch.
         self.free_rows = self.decoder.lm_head_all_rows_up_to if isinstance(self.decoder, RowwiseLlamaDecoder) else None
         self.draft_forward, self._draft_lm_packed = head, None
+        self.draft_weights = "head"          # what the draft reads: "int8" only on the fast kernels
         if isinstance(self.decoder, RowwiseLlamaDecoder) and head is not None and RowwiseDraftHead.supports(head):
-            self.draft_forward = RowwiseDraftHead(head)
+            int8 = draft_weights == "int8"
+            self.draft_weights = draft_weights
+            self.draft_forward = RowwiseDraftHead(head, int8)
             if draft_vocab is not None:
-                self._draft_lm_packed = kernels.Packed(self.draft_lm_weight)
+                self._draft_lm_packed = kernels.Packed(self.draft_lm_weight, int8)
 
     @property
     def drafter(self) -> str | None:

@@ -85,8 +85,8 @@ class RowwiseLlamaDecoder(FusedLlamaDecoder):
             c.eps1, c.eps2, c.scale = w["eps1"], w["eps2"], w["scaling"]
             c.qkv, c.o = w["qkv"].data.data_ptr(), w["o"].data.data_ptr()
             c.gate_up, c.down = w["gate_up"].data.data_ptr(), w["down"].data.data_ptr()
-            c.wbf16 = w["qkv"].bf16
-            assert w["qkv"].bf16 == w["o"].bf16 == w["gate_up"].bf16 == w["down"].bf16
+            c.wfmt = w["qkv"].format
+            assert w["qkv"].format == w["o"].format == w["gate_up"].format == w["down"].format
         self._rope = RopeTable(self.body.rotary_emb, self.head_dim)
         self._buffers: list[tuple[int, int, int]] = []   # the cache buffers the C layers point at, and their stride
 
@@ -186,19 +186,21 @@ class RowwiseDraftHead:
     Drafting runs the head once per tree level over the few frontier nodes: 1-10 rows, the
     shape where eager small-M products are slowest. Here each level reads the head's weights
     once. Its features and outputs are float32 (what the fast target forward produces); the
-    head's own weights keep their dtype. Draft quality only affects speed, never output."""
+    head's own weights keep their dtype, or with ``int8`` are quantized per output row
+    (``kernels.quantize_int8``: half the bytes of bfloat16 to read at every level). Draft
+    quality only affects speed, never output."""
 
-    def __init__(self, head: nn.Module):
+    def __init__(self, head: nn.Module, int8: bool = False):
         layer = head.layers[0]
         attn, mlp = layer.self_attn, layer.mlp
         cfg = head.config
         with torch.no_grad():
-            self.fc = kernels.Packed(head.fc.weight)
+            self.fc = kernels.Packed(head.fc.weight, int8)
             self.fc_bias = head.fc.bias.detach().float() if head.fc.bias is not None else None
-            self.qkv = kernels.Packed(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]))
-            self.o = kernels.Packed(attn.o_proj.weight)
-            self.gate_up = kernels.Packed(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
-            self.down = kernels.Packed(mlp.down_proj.weight)
+            self.qkv = kernels.Packed(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]), int8)
+            self.o = kernels.Packed(attn.o_proj.weight, int8)
+            self.gate_up = kernels.Packed(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), int8)
+            self.down = kernels.Packed(mlp.down_proj.weight, int8)
             self.norm = layer.post_attention_layernorm.weight.detach().float()
         self.eps = layer.post_attention_layernorm.variance_epsilon
         self.heads = cfg.num_attention_heads
@@ -213,8 +215,8 @@ class RowwiseDraftHead:
         c = self._c_layer[0]
         c.norm1, c.norm2, c.eps1, c.eps2, c.scale = None, self.norm.data_ptr(), 0.0, self.eps, self.scaling
         c.qkv, c.o, c.gate_up, c.down = (w.data.data_ptr() for w in (self.qkv, self.o, self.gate_up, self.down))
-        c.wbf16 = self.qkv.bf16
-        self.one_call = self.qkv.bf16 == self.o.bf16 == self.gate_up.bf16 == self.down.bf16
+        c.wfmt = self.qkv.format
+        self.one_call = self.qkv.format == self.o.format == self.gate_up.format == self.down.format
 
     @staticmethod
     def supports(head) -> bool:

@@ -45,7 +45,7 @@ class Layer(ctypes.Structure):
     _fields_ = [("norm1", ctypes.c_void_p), ("norm2", ctypes.c_void_p),
                 ("eps1", ctypes.c_float), ("eps2", ctypes.c_float), ("scale", ctypes.c_float),
                 ("qkv", ctypes.c_void_p), ("o", ctypes.c_void_p), ("gate_up", ctypes.c_void_p),
-                ("down", ctypes.c_void_p), ("wbf16", ctypes.c_int),
+                ("down", ctypes.c_void_p), ("wfmt", ctypes.c_int),
                 ("keys", ctypes.c_void_p), ("values", ctypes.c_void_p), ("kv_head", ctypes.c_long)]
 
 
@@ -290,14 +290,30 @@ def block_rows(bf16: bool = True) -> int:
     return lib.rowwise_block_rows() if bf16 else lib.rowwise_block_rows_f32()
 
 
+F32, BF16, INT8 = 0, 1, 2        # ``Packed.format``: rowwise.c's W_F32, W_BF16, W_I8
+
+
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 per output row: (q (N, K) int8, scale (N,) float32), weight ≈ q * scale[:, None],
+    the scale a row's largest magnitude / 127 (an all-zero row gets scale 1)."""
+    w = weight.detach().float()
+    scale = w.abs().amax(dim=1) / 127
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8), scale
+
+
 class Packed:
     """A linear layer's weight (N, K) packed for ``linear``: groups of G output columns,
     N padded with zero rows to a multiple of G, each group k-major: (G, K) -> (K, G) in
     float32. bfloat16 stays bfloat16, with k in pairs (K padded to even) in the layout this
     build's kernel reads: (K/2, G, 2) for bfloat16 dot products, or shuffled within 128-bit
-    lanes for widening in registers (``rowwise.c`` block_bf16)."""
+    lanes for widening in registers (``rowwise.c`` block_bf16).
 
-    def __init__(self, weight: torch.Tensor):
+    ``int8=True`` (a draft head's weights: they propose tokens, the target decides them)
+    stores ``quantize_int8(weight)`` instead: the padded columns' float32 scales, then the
+    int8 groups laid out as float32's, half the bytes of bfloat16."""
+
+    def __init__(self, weight: torch.Tensor, int8: bool = False):
         N, K = weight.shape
         lib = _lib or load()
         g = lib.rowwise_group()
@@ -305,7 +321,16 @@ class Packed:
         if N % g:
             w = torch.cat([w, w.new_zeros(g - N % g, K)])      # new_zeros: on w's device
         self.out_features, self.in_features = N, K
+        if int8:
+            if not hasattr(lib, "rowwise_int8"):
+                raise RuntimeError("this build of the kernels has no int8 weights")
+            q, scale = quantize_int8(w)
+            packed = torch.cat([scale.view(torch.uint8), q.view(-1, g, K).transpose(1, 2).reshape(-1).view(torch.uint8)])
+            self.format, self.bf16 = INT8, 0
+            self.data = hugepages.to_huge(packed)
+            return
         self.bf16 = int(w.dtype == torch.bfloat16)
+        self.format = BF16 if self.bf16 else F32
         lead = 0
         pairs = self.bf16 and (lib.rowwise_bf16_pairs() or lib.rowwise_bf16_unpack())
         if pairs and K % 2:                                    # k in pairs: K padded to even
@@ -339,7 +364,7 @@ def linear(x: torch.Tensor, weight: Packed) -> torch.Tensor:
     M = rows.shape[0]
     out = torch.empty(M, N, dtype=torch.float32, device="cpu")
     (_lib or load()).rowwise_linear(rows.data_ptr(), rows.stride(0) if M > 1 else K, M, weight.data.data_ptr(),
-                        weight.bf16, N, K, out.data_ptr(), N, torch.get_num_threads())
+                        weight.format, N, K, out.data_ptr(), N, torch.get_num_threads())
     return out.view(*x.shape[:-1], N)
 
 

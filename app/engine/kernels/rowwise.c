@@ -27,7 +27,9 @@
  *
  * Weights may be float32 or bfloat16 (stored as uint16: the high half of a float32, so the
  * widening is exact). Activations and accumulation are float32; with native bfloat16 dot
- * products (AVX512-BF16) a row is rounded to bfloat16 once before a product.
+ * products (AVX512-BF16) a row is rounded to bfloat16 once before a product. The draft head
+ * may also use int8 weights with a float32 scale per output column (``block_i8``): half the
+ * bytes of bfloat16 for a model whose numbers only propose tokens, never decide them.
  *
  * Built by app/engine/kernels/__init__.py with gcc, once per CPU kind, for AVX-512 (with or
  * without BF16, with or without AMX tiles) or AVX2 + FMA (chosen at run time), and called
@@ -325,6 +327,38 @@ static inline __attribute__((always_inline)) void block_bf16(
 }
 int rowwise_bf16_unpack(void) { return 1; }
 
+/* int8 weights with one float32 scale per output column (the draft head's: ``Packed`` with
+ * int8=True), laid out as float32's, P[g][k][c] = q[g*G + c][k], behind the group's scales:
+ *   y[m][n] = scale[n] * fma(x[m][K-1], q[n][K-1], ... fma(x[m][0], q[n][0], 0))
+ * An int8 widens exactly to float32 (sign-extend to int32, convert), so each element is the
+ * float32 chain over the integers, then one product with its column's scale (in the group
+ * loop). Why: drafting reads the head's layer and its LM head once or twice a step, ~18 MB
+ * in bfloat16 for SmolLM2's head; int8 halves that, and a draft only proposes tokens (the
+ * target's verification decides them), so its rounding changes speed, never output. */
+#if defined(__AVX512F__)
+static inline vn n_i8(const int8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+#else
+static inline vn n_i8(const int8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+#endif
+static inline __attribute__((always_inline)) void block_i8(
+        const float *x, long ldx, const int8_t *wg, float *y, long ldy, int K, int ncols,
+        const int mb, const int8_t *next, long next_step) {
+    vn acc[MB][GV];
+    for (int i = 0; i < mb; i++)
+        for (int v = 0; v < GV; v++) acc[i][v] = n_zero();
+    for (int k = 0; k < K; k++) {
+        PREFETCH_WEIGHTS(wg + (long)k * G);
+        PREFETCH_NEXT(k);
+        BLOCK_STEP(k, n_i8(wg + (long)k * G + v * VW))
+    }
+    store_block(y, ldy, acc, mb, ncols);
+}
+int rowwise_int8(void) { return 1; }
+
 #define CASE(BLOCK, R) case R: BLOCK(xb, ldx, wg, yb, ldy, K, ncols, R, next, next_step); break;
 /* one case per row count 1..MB, each a block unrolled for that many rows */
 #define UP_TO_MB(C) C(1) C(2) C(3) C(4) IF_MB_5(C(5) C(6)) IF_MB_7(C(7) C(8)) IF_MB_9(C(9) C(10) C(11) C(12))
@@ -348,6 +382,7 @@ int rowwise_bf16_unpack(void) { return 1; }
 #endif
 #define CASE_block_f32(R) CASE(block_f32, R)
 #define CASE_block_bf16(R) CASE(block_bf16, R)
+#define CASE_block_i8(R) CASE(block_i8, R)
 
 /* Every row block of x against groups [g0, g1): a group stays in the L2 cache while the
  * row blocks pass over it, so a long input (a prefill) still reads the weights once. */
@@ -373,6 +408,7 @@ static void NAME(const float *x, long ldx, int M, const WT *w, int g0, int g1, i
 #define K_EVEN(K) (((K) + 1) & ~1)
 DEFINE_GROUPS(groups_f32, float, block_f32, K_AS_IS)
 DEFINE_GROUPS(groups_bf16, uint16_t, block_bf16, K_EVEN)    /* k-pairs: K padded to even */
+DEFINE_GROUPS(groups_i8, int8_t, block_i8, K_AS_IS)
 
 /* Native bfloat16 (AVX512-BF16): VDPBF16PS multiplies pairs of bfloat16 and adds both
  * products into a float32 lane, twice the multiply-adds of an FMA per instruction. The
@@ -523,11 +559,16 @@ int rowwise_amx(void) { return 0; }
 int rowwise_block_rows(void) { return rowwise_amx() ? AMX_ROWS : MB; }
 int rowwise_block_rows_f32(void) { return MB; }
 
-/* y (M, N), row stride ldy  =  x (M, K), row stride ldx  @  W.T, W packed as above.
- * wbf16: the packed weight holds bfloat16 (uint16) rather than float32. */
-void rowwise_linear(const float *x, long ldx, int M, const void *w, int wbf16, int N, int K,
+/* The packed weight's format (``Packed.format``): float32, bfloat16 (uint16), or int8 behind
+ * a float32 scale per output column (groups * G of them, then the int8 groups). */
+enum { W_F32 = 0, W_BF16 = 1, W_I8 = 2 };
+
+/* y (M, N), row stride ldy  =  x (M, K), row stride ldx  @  W.T, W packed as above in the
+ * format wfmt. */
+void rowwise_linear(const float *x, long ldx, int M, const void *w, int wfmt, int N, int K,
                     float *y, long ldy, int threads) {
     int groups = (N + G - 1) / G;
+    int wbf16 = wfmt == W_BF16;
     if (threads > groups) threads = groups;
     uint16_t *xb = NULL;                  /* native bfloat16: the rows, rounded once, in k-pairs */
     int Kp = (K + 1) / 2;
@@ -565,7 +606,13 @@ void rowwise_linear(const float *x, long ldx, int M, const void *w, int wbf16, i
         if (xb) groups_dp((const uint32_t *)xb, M, (const uint16_t *)w, g0, g1, N, Kp, y, ldy);
         else
 #endif
-        if (wbf16) groups_bf16(x, ldx, M, (const uint16_t *)w, g0, g1, N, K, y, ldy);
+        if (wfmt == W_I8) {
+            const float *scale = (const float *)w;             /* then the int8 groups */
+            groups_i8(x, ldx, M, (const int8_t *)(scale + (long)groups * G), g0, g1, N, K, y, ldy);
+            int n0 = g0 * G, n1 = g1 * G < N ? g1 * G : N;     /* this thread's columns */
+            for (int i = 0; i < M; i++)
+                for (int n = n0; n < n1; n++) y[(long)i * ldy + n] *= scale[n];
+        } else if (wbf16) groups_bf16(x, ldx, M, (const uint16_t *)w, g0, g1, N, K, y, ldy);
         else groups_f32(x, ldx, M, (const float *)w, g0, g1, N, K, y, ldy);
     }
     free(xb);
@@ -872,7 +919,7 @@ struct rowwise_layer {
     const void *o;                     /* packed (H, Hq d) */
     const void *gate_up;               /* packed (2 I, H): [gate; up] */
     const void *down;                  /* packed (H, I) */
-    int wbf16;                         /* the packed weights hold bfloat16 */
+    int wfmt;                          /* the packed weights' format: W_F32, W_BF16 or W_I8 */
     float *keys, *values;              /* cache buffers (Hkv, capacity, d) float32 */
     long kv_head;                      /* floats from one key/value head to the next: capacity * d */
 };
@@ -911,7 +958,7 @@ void rowwise_decoder(float *x, int n, const struct rowwise_layer *layer, int lay
         /* attention block (an EAGLE head's layer has no input norm: norm1 NULL) */
         if (w->norm1) rowwise_rmsnorm(x, n, H, w->norm1, w->eps1, h);
         else memcpy(h, x, sizeof(float) * nx);
-        rowwise_linear(h, H, n, w->qkv, w->wbf16, Nqkv, H, qkv, Nqkv, threads);
+        rowwise_linear(h, H, n, w->qkv, w->wfmt, Nqkv, H, qkv, Nqkv, threads);
         rowwise_rope(qkv, n, Nqkv, Hq + Hkv, d, cos, sin);
         for (int i = 0; i < n; i++)                   /* row i's k and v heads -> cache position cached + i */
             for (int g = 0; g < Hkv; g++) {
@@ -921,13 +968,13 @@ void rowwise_decoder(float *x, int n, const struct rowwise_layer *layer, int lay
             }
         rowwise_attention(qkv, Nqkv, d, w->keys, w->values, w->kv_head, n, Hq, Hkv, d, L, mask, w->scale,
                           att, (long)Hq * d, scratch, threads);
-        rowwise_linear(att, (long)Hq * d, n, w->o, w->wbf16, H, Hq * d, add, H, threads);
+        rowwise_linear(att, (long)Hq * d, n, w->o, w->wfmt, H, Hq * d, add, H, threads);
         for (long e = 0; e < nx; e++) x[e] = x[e] + add[e];
         /* MLP block */
         rowwise_rmsnorm(x, n, H, w->norm2, w->eps2, h);
-        rowwise_linear(h, H, n, w->gate_up, w->wbf16, 2 * I, H, gu, 2 * I, threads);
+        rowwise_linear(h, H, n, w->gate_up, w->wfmt, 2 * I, H, gu, 2 * I, threads);
         rowwise_silu_mul(gu, n, I, act);
-        rowwise_linear(act, I, n, w->down, w->wbf16, H, I, add, H, threads);
+        rowwise_linear(act, I, n, w->down, w->wfmt, H, I, add, H, threads);
         for (long e = 0; e < nx; e++) x[e] = x[e] + add[e];
     }
     if (final_norm) rowwise_rmsnorm(x, n, H, final_norm, final_eps, out);
