@@ -2,15 +2,20 @@
 against fixed trees, interleaved prompt by prompt over the evaluation suites.
 
     python scripts/adaptive_ab.py --baseline 9823580 --limit 4 --threads 2
+    python scripts/adaptive_ab.py --draft-weights head --fixed 3/2/2,4/2/8 --limit 2
     ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 python scripts/adaptive_ab.py ...
 
 Every method decodes every prompt greedily (128 new tokens), the methods' order rotating from
 prompt to prompt so that a slow minute falls on each of them in turn. ``--baseline REV`` loads
 ``app/engine/adapt.py`` as it was at git revision REV beside today's (its own module, the
 same engine, the same candidates and priors), so a change to the bandit is measured against
-what it replaced in one process. Prints tokens per second of each method (decoded tokens over
-the decoding steps' time, prefill excluded, pooled over the prompts), its ratio to vanilla,
-and how many steps each adaptive run spent on each tree.
+what it replaced in one process. ``--draft-weights head`` adds the adaptive default and the
+fixed trees once more on a second engine over the same target whose draft reads the head's
+own weights (``Engine(draft_weights="head")``) instead of int8. Prints tokens per second of
+each method (decoded tokens over the decoding steps' time, prefill excluded, pooled over the
+prompts), its ratio to vanilla, tokens per step, the median step and drafting time (medians:
+a neighbour's burst moves them less than the pooled rate), and how many steps each adaptive
+run spent on each tree.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import argparse
 import collections
 import importlib.util
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,6 +39,7 @@ from app.bench.cli import _machine  # noqa: E402
 from app.bench.prompts import load_suite  # noqa: E402
 from app.engine import adapt, kernels  # noqa: E402
 from app.engine.config import SamplingConfig, TreeConfig, TreeShape  # noqa: E402
+from app.engine.engine import Engine  # noqa: E402
 from app.engine.factory import load_engine  # noqa: E402
 
 SUITES = ("alpaca", "gsm8k", "humaneval", "mt_bench", "qa", "sum")
@@ -59,47 +66,62 @@ def main() -> int:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dtype", default="auto")
+    p.add_argument("--draft-weights", choices=("head",), default=None,
+                   help="also run the adaptive and fixed trees with the draft on the head's own weights")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     engine, _ = load_engine(None, None, "cpu", args.dtype)
     start, adapter, _ = adapt.adapter_for(engine, TreeConfig(), measure=True)
     lookup = adapt.auto_lookup(engine)
-    methods = {"vanilla": lambda: (adapt.VANILLA, None),
-               "adaptive": lambda: (start, adapt.TreeAdapter(adapter.candidates, prior_tau=adapter.prior_tau))}
+    methods = {"vanilla": lambda: (engine, adapt.VANILLA, None),
+               "adaptive": lambda: (engine, start, adapt.TreeAdapter(adapter.candidates, prior_tau=adapter.prior_tau))}
     if args.baseline:
         old = adapt_at(args.baseline)
         # the baseline's own candidate set, from the same tuned tree and branch
         best = next((t for t in adapter.candidates if t.uses_draft and adapt._same(t, start)), None)
         old_candidates = old.default_candidates(best, base=replace(TreeConfig(), lookup=lookup))
-        methods[f"adaptive@{args.baseline}"] = lambda: (start, old.TreeAdapter(old_candidates,
-                                                                                prior_tau=adapter.prior_tau))
-    for spec in filter(None, args.fixed.split(",")):
-        tree = replace(TreeShape.parse(spec).config("dynamic"), lookup=lookup)
-        methods[f"{spec}+lookup{lookup}"] = lambda tree=tree: (tree, None)
+        methods[f"adaptive@{args.baseline}"] = lambda: (engine, start, old.TreeAdapter(old_candidates,
+                                                                                        prior_tau=adapter.prior_tau))
+    fixed = [replace(TreeShape.parse(spec).config("dynamic"), lookup=lookup) for spec in filter(None, args.fixed.split(","))]
+    for tree in fixed:
+        methods[f"{TreeShape.of(tree)}+lookup{lookup}"] = lambda tree=tree: (engine, tree, None)
+    if args.draft_weights:
+        other = Engine(engine.target, engine.head, draft_vocab=engine.draft_vocab, draft_weights=args.draft_weights)
+        methods[f"adaptive, {args.draft_weights} weights"] = lambda: (
+            other, start, adapt.TreeAdapter(adapter.candidates, prior_tau=adapter.prior_tau))
+        for tree in fixed:
+            methods[f"{TreeShape.of(tree)}+lookup{lookup}, {args.draft_weights} weights"] = \
+                lambda tree=tree: (other, tree, None)
     prompts = [q for suite in SUITES for q in load_suite(suite, args.limit)]
     isa = [f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16") if f in kernels.cpu_flags()]
     print(f"# {_machine()}; flags {' '.join(isa)}; fast kernels {kernels.load().kind}; dtype {engine.target.dtype}, "
           f"{args.threads} threads, {len(prompts)} prompts, load average at start {os.getloadavg()[0]:.2f}")
-    tokens, seconds = collections.Counter(), collections.Counter()
+    tokens, seconds, steps = collections.Counter(), collections.Counter(), collections.Counter()
+    step_ms, draft_ms = collections.defaultdict(list), collections.defaultdict(list)
     used: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     names = list(methods)
     for i, prompt in enumerate(prompts):
         for name in names[i % len(names):] + names[:i % len(names)]:
-            tree, bandit = methods[name]()
-            for event in engine.generate(prompt.text, tree=tree, sampling=SamplingConfig(),
+            runner, tree, bandit = methods[name]()
+            for event in runner.generate(prompt.text, tree=tree, sampling=SamplingConfig(),
                                          max_new_tokens=args.max_new_tokens, adapt=bandit):
                 if event.type == "summary" or event.prefill:
                     continue
                 tokens[name] += len(event.new_tokens)
                 seconds[name] += event.step_ms / 1e3
+                steps[name] += 1
+                step_ms[name].append(event.step_ms)
+                draft_ms[name].append(event.draft_ms)
                 if bandit is not None:
                     used[name][str(TreeShape.of(event.tree_config)) if event.tree_config else "vanilla"] += 1
     base = tokens["vanilla"] / seconds["vanilla"]
-    print("\n| method | tokens/s | x vanilla | steps per tree |\n|---|---|---|---|")
+    print("\n| method | tokens/s | x vanilla | tokens a step | ms a step (median) | of it drafting (median) | "
+          "steps per tree |\n|---|---|---|---|---|---|---|")
     for name in names:
         rate = tokens[name] / seconds[name]
         trees = ", ".join(f"{k} {v}" for k, v in sorted(used[name].items(), key=lambda kv: -kv[1]))
-        print(f"| {name} | {rate:.1f} | {rate / base:.3f} | {trees or '-'} |")
+        print(f"| {name} | {rate:.1f} | {rate / base:.3f} | {tokens[name] / steps[name]:.2f} | "
+              f"{statistics.median(step_ms[name]):.1f} | {statistics.median(draft_ms[name]):.2f} | {trees or '-'} |")
     print(f"\nload average at end {os.getloadavg()[0]:.2f}")
     return 0
 
