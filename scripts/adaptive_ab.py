@@ -3,6 +3,7 @@ against fixed trees, interleaved prompt by prompt over the evaluation suites.
 
     python scripts/adaptive_ab.py --baseline 9823580 --limit 4 --threads 2
     python scripts/adaptive_ab.py --draft-weights head --fixed 3/2/2,4/2/8 --limit 2
+    python scripts/adaptive_ab.py --max-chain 3 --fixed 3/3/1 --limit 2
     ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 python scripts/adaptive_ab.py ...
 
 Every method decodes every prompt greedily (128 new tokens), the methods' order rotating from
@@ -11,7 +12,8 @@ prompt to prompt so that a slow minute falls on each of them in turn. ``--baseli
 same engine, the same candidates and priors), so a change to the bandit is measured against
 what it replaced in one process. ``--draft-weights head`` adds the adaptive default and the
 fixed trees once more on a second engine over the same target whose draft reads the head's
-own weights (``Engine(draft_weights="head")``) instead of int8. Prints tokens per second of
+own weights (``Engine(draft_weights="head")``) instead of int8; ``--max-chain D`` adds the
+adaptive default with top-1 chains up to depth D among its candidates. Prints tokens per second of
 each method (decoded tokens over the decoding steps' time, prefill excluded, pooled over the
 prompts), its ratio to vanilla, tokens per step, the median step and drafting time (medians:
 a neighbour's burst moves them less than the pooled rate), and how many steps each adaptive
@@ -66,6 +68,8 @@ def main() -> int:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dtype", default="auto")
+    p.add_argument("--max-chain", type=int, default=None,
+                   help="also run the adaptive default with top-1 chains up to this depth among its candidates")
     p.add_argument("--draft-weights", choices=("head",), default=None,
                    help="also run the adaptive and fixed trees with the draft on the head's own weights")
     args = p.parse_args()
@@ -82,6 +86,11 @@ def main() -> int:
         old_candidates = old.default_candidates(best, base=replace(TreeConfig(), lookup=lookup))
         methods[f"adaptive@{args.baseline}"] = lambda: (engine, start, old.TreeAdapter(old_candidates,
                                                                                         prior_tau=adapter.prior_tau))
+    if args.max_chain:
+        best = next((t for t in adapter.candidates if t.uses_draft and adapt._same(t, start)), None)
+        deeper = adapt.default_candidates(best, max_chain=args.max_chain, base=replace(TreeConfig(), lookup=lookup))
+        methods[f"adaptive, chains to {args.max_chain}"] = lambda: (
+            engine, start, adapt.TreeAdapter(deeper, prior_tau=adapter.prior_tau))
     fixed = [replace(TreeShape.parse(spec).config("dynamic"), lookup=lookup) for spec in filter(None, args.fixed.split(","))]
     for tree in fixed:
         methods[f"{TreeShape.of(tree)}+lookup{lookup}"] = lambda tree=tree: (engine, tree, None)
