@@ -217,3 +217,15 @@ def test_exploration_refreshes_the_little_measured_tree_before_the_often_measure
     assert adapter.switches[-1][2] == "refresh the most promising other estimate"
     adapter.steps = 6
     assert adapter.next_tree() == chain(1)          # between refreshes, the best estimate runs
+
+
+def test_a_one_node_tuned_tree_is_the_one_node_chain_not_a_second_candidate():
+    """A tuned tree of one node (e.g. 1/1/8 on a slow CPU) drafts what the 1-node chain drafts:
+    it joins the candidates as that chain, not as a second arm that would split its
+    observations, and a run that starts at it starts on the chain."""
+    one = TreeConfig(method="dynamic", total_tokens=1, depth=1, top_k=8)
+    assert default_candidates(one) == default_candidates()
+    assert default_candidates(TreeConfig(method="dynamic", total_tokens=2, depth=1, top_k=8)) != default_candidates()
+    adapter = TreeAdapter(default_candidates(one))
+    adapter.start(one)
+    assert adapter.next_tree() == chain(1)

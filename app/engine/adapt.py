@@ -92,7 +92,16 @@ def default_candidates(best: TreeConfig | None = None, max_chain: int = MAX_CHAI
     return sorted(out, key=lambda t: (t.uses_draft, t.total_tokens, t.depth, t.top_k))
 
 
+def _as_chain(t: TreeConfig) -> TreeConfig:
+    """A dynamic tree of one node is the 1-node chain whatever its depth and top_k (its one
+    node is the root's most confident child); other trees as they are."""
+    return chain(1, t) if t.method == "dynamic" and t.total_tokens == 1 else t
+
+
 def _same(a: TreeConfig, b: TreeConfig) -> bool:
+    """Whether two trees draft the same nodes (a one-node dynamic tree is the 1-node chain:
+    as two candidates they would split one tree's observations and double its exploration)."""
+    a, b = _as_chain(a), _as_chain(b)
     return (a.method, a.depth, a.top_k, a.total_tokens) == (b.method, b.depth, b.top_k, b.total_tokens)
 
 
