@@ -266,21 +266,25 @@ int rowwise_vector_width(void) { return VW; }
         }                                                                                     \
     }
 
-/* One block: rows [0, mb) of x against one packed group (K x G). `mb` is a compile-time
- * constant at every call site (the switch below), so the loops unroll into registers. */
-static inline __attribute__((always_inline)) void block_f32(
-        const float *x, long ldx, const float *wg, float *y, long ldy, int K, int ncols,
-        const int mb, const float *next, long next_step) {
-    vn acc[MB][GV];
-    for (int i = 0; i < mb; i++)
-        for (int v = 0; v < GV; v++) acc[i][v] = n_zero();
-    for (int k = 0; k < K; k++) {
-        PREFETCH_WEIGHTS(wg + (long)k * G);
-        PREFETCH_NEXT(k);
-        BLOCK_STEP(k, n_load(wg + (long)k * G + v * VW))
-    }
-    store_block(y, ldy, acc, mb, ncols);
+/* One block: rows [0, mb) of x against one packed group (K x G) of weights stored as WT, one
+ * k-row of G after another, LOAD(p) giving the VW weights at p as floats. `mb` is a
+ * compile-time constant at every call site (the switch below), so the loops unroll into
+ * registers. */
+#define DEFINE_BLOCK(NAME, WT, LOAD)                                                          \
+static inline __attribute__((always_inline)) void NAME(                                       \
+        const float *x, long ldx, const WT *wg, float *y, long ldy, int K, int ncols,         \
+        const int mb, const WT *next, long next_step) {                                       \
+    vn acc[MB][GV];                                                                           \
+    for (int i = 0; i < mb; i++)                                                              \
+        for (int v = 0; v < GV; v++) acc[i][v] = n_zero();                                    \
+    for (int k = 0; k < K; k++) {                                                             \
+        PREFETCH_WEIGHTS(wg + (long)k * G);                                                   \
+        PREFETCH_NEXT(k);                                                                     \
+        BLOCK_STEP(k, LOAD(wg + (long)k * G + v * VW))                                        \
+    }                                                                                         \
+    store_block(y, ldy, acc, mb, ncols);                                                      \
 }
+DEFINE_BLOCK(block_f32, float, n_load)
 
 /* bfloat16 weights widened in registers (CPUs without bfloat16 dot products). A bfloat16 is
  * the upper half of a float32, so a weight widens exactly by placing a zero word below it.
@@ -344,19 +348,7 @@ static inline vn n_i8(const int8_t *p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
 #endif
-static inline __attribute__((always_inline)) void block_i8(
-        const float *x, long ldx, const int8_t *wg, float *y, long ldy, int K, int ncols,
-        const int mb, const int8_t *next, long next_step) {
-    vn acc[MB][GV];
-    for (int i = 0; i < mb; i++)
-        for (int v = 0; v < GV; v++) acc[i][v] = n_zero();
-    for (int k = 0; k < K; k++) {
-        PREFETCH_WEIGHTS(wg + (long)k * G);
-        PREFETCH_NEXT(k);
-        BLOCK_STEP(k, n_i8(wg + (long)k * G + v * VW))
-    }
-    store_block(y, ldy, acc, mb, ncols);
-}
+DEFINE_BLOCK(block_i8, int8_t, n_i8)
 int rowwise_int8(void) { return 1; }
 
 #define CASE(BLOCK, R) case R: BLOCK(xb, ldx, wg, yb, ldy, K, ncols, R, next, next_step); break;
