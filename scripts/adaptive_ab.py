@@ -79,15 +79,15 @@ def main() -> int:
     lookup = adapt.auto_lookup(engine)
     methods = {"vanilla": lambda: (engine, adapt.VANILLA, None),
                "adaptive": lambda: (engine, start, adapt.TreeAdapter(adapter.candidates, prior_tau=adapter.prior_tau))}
+    # the tuned tree among the candidates (the other adapters get it too)
+    best = next((t for t in adapter.candidates if t.uses_draft and adapt._same(t, start)), None)
     if args.baseline:
         old = adapt_at(args.baseline)
         # the baseline's own candidate set, from the same tuned tree and branch
-        best = next((t for t in adapter.candidates if t.uses_draft and adapt._same(t, start)), None)
         old_candidates = old.default_candidates(best, base=replace(TreeConfig(), lookup=lookup))
         methods[f"adaptive@{args.baseline}"] = lambda: (engine, start, old.TreeAdapter(old_candidates,
                                                                                         prior_tau=adapter.prior_tau))
     if args.max_chain:
-        best = next((t for t in adapter.candidates if t.uses_draft and adapt._same(t, start)), None)
         deeper = adapt.default_candidates(best, max_chain=args.max_chain, base=replace(TreeConfig(), lookup=lookup))
         methods[f"adaptive, chains to {args.max_chain}"] = lambda: (
             engine, start, adapt.TreeAdapter(deeper, prior_tau=adapter.prior_tau))

@@ -326,19 +326,19 @@ class Packed:
                 raise RuntimeError("this build of the kernels has no int8 weights")
             q, scale = quantize_int8(w)
             packed = torch.cat([scale.view(torch.uint8), q.view(-1, g, K).transpose(1, 2).reshape(-1).view(torch.uint8)])
-            self.format, self.bf16 = INT8, 0
+            self.format = INT8
             self.data = hugepages.to_huge(packed)
             return
-        self.bf16 = int(w.dtype == torch.bfloat16)
-        self.format = BF16 if self.bf16 else F32
+        bf16 = w.dtype == torch.bfloat16
+        self.format = BF16 if bf16 else F32
         lead = 0
-        pairs = self.bf16 and (lib.rowwise_bf16_pairs() or lib.rowwise_bf16_unpack())
+        pairs = bf16 and (lib.rowwise_bf16_pairs() or lib.rowwise_bf16_unpack())
         if pairs and K % 2:                                    # k in pairs: K padded to even
             w = torch.cat([w, w.new_zeros(w.shape[0], 1)], dim=1)
-        if self.bf16 and lib.rowwise_bf16_pairs():
+        if bf16 and lib.rowwise_bf16_pairs():
             # native bfloat16 dot products read k in pairs: (N/G, K/2, G, 2)
             packed = w.view(-1, g, w.shape[1] // 2, 2).permute(0, 2, 1, 3)
-        elif self.bf16 and lib.rowwise_bf16_unpack():
+        elif bf16 and lib.rowwise_bf16_unpack():
             # each k-pair as GV chunks of (VW/4 lanes, 2 k, 4 columns): VPUNPCKHWD widens a
             # chunk's upper words in place, its lower words from a load 4 words early
             vw = lib.rowwise_vector_width()
