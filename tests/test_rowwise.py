@@ -546,6 +546,20 @@ def test_forward_eager_switches_the_fast_forward_off():
         load_target(None, forward="fast-please")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_rows_bits_do_not_depend_on_how_many_rows_share_the_call(dtype):
+    """Each row of a linear over 1 to 20 rows has the bits it has alone: across register
+    blocks, and on AMX across tile heights (a step of fewer than 16 rows runs tiles of just
+    its rows; more rows fill whole tiles and a zero-padded last one). K = 576: whole tiles
+    of k-pairs, so bfloat16 takes the AMX path where the CPU has it."""
+    g = torch.Generator().manual_seed(11)
+    packed = kernels.Packed(torch.randn(100, 576, generator=g).to(dtype))
+    x = torch.randn(20, 576, generator=g)
+    alone = torch.cat([kernels.linear(x[i:i + 1], packed) for i in range(20)])
+    for m in (2, 3, 5, 8, 15, 16, 17, 20):
+        assert torch.equal(kernels.linear(x[:m], packed), alone[:m]), m
+
+
 @pytest.mark.skipif(kernels.isa() != "amx", reason="no AMX tiles on this CPU")
 def test_bfloat16_linears_run_on_amx_tiles_where_the_cpu_has_them(kernel_build):
     """On a Xeon with AMX the bfloat16 linears run on tiles of 16 rows (a forward over 16
