@@ -317,14 +317,24 @@ WORDS_BROKEN_JS = """(sel) => { const broken = [];
     return broken; }"""
 
 
+# both plots' titles name the same step ("step N: ...")
+STEP_SHOWN_JS = """([a, b]) => { const step = sel => ((document.querySelector(sel + ' .gtitle') || {}).textContent
+                                                     || '').match(/^step (\\d+):/);
+    const x = step(a), y = step(b); return x !== null && y !== null && x[1] === y[1]; }"""
+
+
 def _check_mask_and_kv(page, label: str) -> None:
     """The verify views of the step shown agree with its tree, as drawn on the page: the mask's
     lit cells among the root and node columns are the sum over nodes of (depth + 1) (each node
     sees the root, its ancestors and itself), and the KV view keeps 1 + the accepted path's
     length slots (the root and the accepted nodes)."""
+    page.get_by_role("tab", name="Attention mask").click()
+    _figure(page, "#mask-plot")
+    # the two plots are one update of the page, but drawn one after the other: on a busy
+    # machine the tree could still show an earlier step of a live run for a moment
+    page.wait_for_function(STEP_SHOWN_JS, arg=["#tree-plot", "#mask-plot"])
     nodes = _tree_nodes(page)
     depth = {n["node"]: n["depth"] for n in nodes}
-    page.get_by_role("tab", name="Attention mask").click()
     mask = _figure(page, "#mask-plot")[0]
     rows = mask["meta"]["rows"][1:]
     assert set(rows) == set(depth), label               # a tree of <= 24 nodes: every node has a row
