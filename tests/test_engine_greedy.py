@@ -100,6 +100,7 @@ def test_records_are_consistent(tiny):
         n = len(t.tokens)
         assert n <= 12
         assert len(t.texts) == len(t.parents) == len(t.depths) == len(t.q) == len(t.confidence) == len(t.p) == len(t.status) == n
+        assert t.texts == [target.tokenizer.decode([tok]) for tok in t.tokens]     # each node's token alone
         for i, par in enumerate(t.parents):
             assert par < i
             assert t.depths[i] == (1 if par == -1 else t.depths[par] + 1)

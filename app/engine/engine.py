@@ -91,6 +91,7 @@ class Engine:
         self.lm_head = model.get_output_embeddings()
         self.embedding = model.get_input_embeddings()
         self.eos_ids = target.eos_ids
+        self._token_texts: dict[int, str] = {}   # token id -> its text alone (the step records' node labels)
         # An EAGLE-3 head reads three target layers (captured by the same forwards) and has
         # its own LM head over its own draft vocabulary (draft id i is token draft_vocab[i]).
         self.target_layers = tuple(getattr(head, "target_layers", ()))
@@ -414,6 +415,14 @@ class Engine:
 
     # --- record -----------------------------------------------------------------------------
 
+    def token_texts(self, tokens: list[int]) -> list[str]:
+        """Each token's text decoded alone, remembered per token: the tokenizer's call cost
+        ~0.17 ms a step, a quarter of the record's time on a CPU."""
+        new = [t for t in dict.fromkeys(tokens) if t not in self._token_texts]
+        if new:
+            self._token_texts.update(zip(new, self.target.tokenizer.batch_decode([[t] for t in new])))
+        return [self._token_texts[t] for t in tokens]
+
     def record_tree(self, verified: _Verified, tree: DraftTree, path: list[int],
                     sampling: SamplingConfig) -> DraftTreeRecord:
         """The step's tree for consumers: statuses, texts, and p of every node, the target's
@@ -444,7 +453,7 @@ class Engine:
                 p_nodes = torch.log_softmax(row_logits.float(), dim=-1)[rows, cols].exp().tolist()   # (P, V) -> (N,)
             else:
                 p_nodes = verify.logits_to_probs(row_logits, sampling)[rows, cols].tolist()
-        texts = self.target.tokenizer.batch_decode([[t] for t in tree.tokens]) if len(tree) else []
+        texts = self.token_texts(tree.tokens)
         return DraftTreeRecord(root_token=verified.root, tokens=list(tree.tokens), texts=texts,
                                parents=list(tree.parents), depths=list(tree.depths), q=list(tree.q),
                                confidence=list(tree.confidence), p=p_nodes, status=status,
