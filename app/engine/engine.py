@@ -369,8 +369,8 @@ class Engine:
         else:
             lm_rows = sorted({0} | {par + 1 for par in tree.parents})
         batch = self.decoder.logits(hidden[0, lm_rows])                                       # (R, V)
-        logits = verify.LazyRows(lambda r: self.decoder.logits(hidden[0, r]), dict(zip(lm_rows, batch)))
-        return _Verified(prefix=prefix, root=root, hidden=hidden.to(self.target.dtype), draft_features=draft_features, lm_rows=lm_rows,
+        logits = verify.LazyRows(lambda r: self.decoder.logits(hidden[0, r]), batch, lm_rows)
+        return _Verified(prefix=prefix, root=root, hidden=hidden, draft_features=draft_features, lm_rows=lm_rows,
                          batch=batch, logits=logits)
 
     # --- accept -----------------------------------------------------------------------------

@@ -74,7 +74,8 @@ class _Verified:
 
     prefix: int                        # committed tokens before the root (= target cache length)
     root: int
-    hidden: torch.Tensor               # (1, N+1, H) the target's features at every row
+    hidden: torch.Tensor               # (1, N+1, H) the target's features at every row, as the
+                                       # forward returned them (float32 on the fast forward)
     draft_features: torch.Tensor       # (1, N+1, H or 3H) what the head reads of each row: hidden, or
                                        # EAGLE-3's low/mid/high layers from the same forward
     lm_rows: list[int]                 # rows whose logits were computed in one batch

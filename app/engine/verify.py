@@ -65,16 +65,20 @@ def logits_to_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Ten
 
 
 class LazyRows:
-    """``rows[r]`` = ``compute(r)``, computed on first access and kept. ``prefill`` seeds
-    rows computed together in one batch."""
+    """``rows[r]`` = ``compute(r)``, computed on first access and kept. ``batch`` (R, ...)
+    holds rows computed together, ``batch[i]`` being row ``batch_rows[i]``; they are read
+    from it when asked for (a view per row read, not per row of the batch)."""
 
-    def __init__(self, compute, prefill: dict | None = None):
+    def __init__(self, compute, batch: torch.Tensor | None = None, batch_rows: list[int] = ()):
         self._compute = compute
-        self._rows = dict(prefill or {})
+        self._batch = batch
+        self._in_batch = {row: i for i, row in enumerate(batch_rows)}
+        self._rows: dict[int, torch.Tensor] = {}
 
     def __getitem__(self, row: int) -> torch.Tensor:
         if row not in self._rows:
-            self._rows[row] = self._compute(row)
+            i = self._in_batch.get(row)
+            self._rows[row] = self._compute(row) if i is None else self._batch[i]
         return self._rows[row]
 
 

@@ -58,4 +58,4 @@ class MedusaDrafter:
 
     def observe(self, engine, run, verified, tree, path, bonus, cfg) -> None:
         last = path[-1] + 1 if path else 0                # the row that produced the bonus (the new root)
-        self.feature = verified.hidden[0, last]
+        self.feature = verified.hidden[0, last].to(engine.target.dtype)   # as the prefill's features
