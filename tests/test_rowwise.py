@@ -560,6 +560,15 @@ def test_a_rows_bits_do_not_depend_on_how_many_rows_share_the_call(dtype):
         assert torch.equal(kernels.linear(x[:m], packed), alone[:m]), m
 
 
+def test_a_linear_over_no_rows_is_empty():
+    """Zero rows (an empty frontier, a batch with nothing left) give a (0, N) result in every
+    weight format; on AMX a tile of no rows cannot even be configured."""
+    g = torch.Generator().manual_seed(12)
+    w = torch.randn(100, 576, generator=g)
+    for packed in (kernels.Packed(w), kernels.Packed(w.bfloat16()), kernels.Packed(w, int8=True)):
+        assert kernels.linear(torch.empty(0, 576), packed).shape == (0, 100)
+
+
 @pytest.mark.skipif(kernels.isa() != "amx", reason="no AMX tiles on this CPU")
 def test_bfloat16_linears_run_on_amx_tiles_where_the_cpu_has_them(kernel_build):
     """On a Xeon with AMX the bfloat16 linears run on tiles of 16 rows (a forward over 16

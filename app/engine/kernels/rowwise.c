@@ -573,6 +573,7 @@ enum { W_F32 = 0, W_BF16 = 1, W_I8 = 2 };
  * format wfmt. */
 void rowwise_linear(const float *x, long ldx, int M, const void *w, int wfmt, int N, int K,
                     float *y, long ldy, int threads) {
+    if (M <= 0) return;                   /* no rows: nothing to write (and no 0-row AMX tile to configure) */
     int groups = (N + G - 1) / G;
     int wbf16 = wfmt == W_BF16;
     if (threads > groups) threads = groups;
