@@ -77,10 +77,11 @@ def test_bench_cli_end_to_end(tiny_folders, tmp_path, capsys, monkeypatch):
         assert table["dynamic"]["tree"] == {"total_tokens": 12, "depth": 3, "top_k": 4}
         assert table["dynamic:8/2/2"]["tree"] == {"total_tokens": 8, "depth": 2, "top_k": 2}
         assert table["dynamic"]["acceptance_by_depth"] and table["vanilla"]["acceptance_by_depth"] == []
-        # vanilla drafts nothing: its "draft" time is a few lines of Python, ~0.3% of a tiny
-        # model's step when idle (dynamic: ~56%); 1.9% was seen under CI load, so the bound is
-        # relative to dynamic's share rather than a fixed 1%
-        assert table["vanilla"]["draft_share"] < min(0.05, table["dynamic"]["draft_share"] / 10)
+        # vanilla drafts nothing: no tree in its row. (Its "draft" time is a function call that
+        # returns at once, ~0.3% of a tiny model's step when idle, but one preemption or GC
+        # pause inside that lap made it 21% in a clean-clone CI run: a share of wall-clock
+        # time is no property to test on a shared machine.)
+        assert table["vanilla"]["tree"] is None and table["dynamic"]["draft_share"] > 0
     for r in doc["runs"]:
         assert 1 <= r["new_tokens"] <= 8
         assert len(set(r["token_ids"])) > 1                  # a real continuation, not one repeated token
