@@ -356,7 +356,6 @@ class Engine:
             hidden, draft_features = self.decoder(ids, positions, mask, run.target_cache, self.target_layers)
         else:
             hidden = draft_features = self.decoder(ids, positions, mask, run.target_cache)    # (1, N+1, H)
-        draft_features = draft_features.to(self.target.dtype)   # the fast forward's float32 -> the heads' dtype
 
         # lm_rows: where the LM head runs, in one batch. Normally only rows verification can
         # visit: the root and every node with children, plus the accepted leaf (for its bonus)
@@ -398,7 +397,9 @@ class Engine:
         keep = [0] + [i + 1 for i in path]                 # verify rows: the root, then the path
         kv.keep_positions(run.target_cache, verified.prefix, keep)
         if run.draft_cache is not None:
-            features = verified.draft_features[:, keep]                  # (1, k+1, H or 3H) true features
+            # (1, k+1, H or 3H) the true features of the kept rows, in the heads' dtype (the fast
+            # forward returns float32; converted here, where a head reads them, not for every row)
+            features = verified.draft_features[:, keep].to(self.target.dtype)
             if run.pending_tokens:     # a step that drafted nothing (an adaptive run's vanilla step) left
                 features = torch.cat([run.pending_features, features], dim=1)   # its pairs unread: keep them
             run.pending_features = features

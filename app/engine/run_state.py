@@ -77,7 +77,7 @@ class _Verified:
     hidden: torch.Tensor               # (1, N+1, H) the target's features at every row, as the
                                        # forward returned them (float32 on the fast forward)
     draft_features: torch.Tensor       # (1, N+1, H or 3H) what the head reads of each row: hidden, or
-                                       # EAGLE-3's low/mid/high layers from the same forward
+                                       # EAGLE-3's low/mid/high layers from the same forward (as returned)
     lm_rows: list[int]                 # rows whose logits were computed in one batch
     batch: torch.Tensor                # (len(lm_rows), V) their logits
     logits: verify.LazyRows            # logits[row] (V,), the rest computed on demand

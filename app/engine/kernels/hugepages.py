@@ -64,15 +64,3 @@ def empty_like_huge(t: torch.Tensor) -> torch.Tensor:
 def to_huge(t: torch.Tensor) -> torch.Tensor:
     """``t``'s values in a contiguous tensor on 2 MB pages (``empty_like_huge``)."""
     return empty_like_huge(t).copy_(t)
-
-
-def huge_bytes() -> int | None:
-    """This process's anonymous memory on huge pages (bytes), where Linux reports it."""
-    try:
-        with open("/proc/self/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("AnonHugePages:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
