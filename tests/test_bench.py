@@ -43,7 +43,8 @@ def test_bench_cli_end_to_end(tiny_folders, tmp_path, capsys, monkeypatch):
     out = tmp_path / "out"
     monkeypatch.setattr(tiny_suites(tmp_path / "eval"), "EVAL_DIR", tmp_path / "eval")
     rc = app_main(["bench", "--quick", "--suite", "alpha,beta", "--max-new-tokens", "8",
-                   "--methods", "hf,hf-pld,hf-fp32,vanilla,dynamic,dynamic:8/2/2", "--warmup-tokens", "2",
+                   "--methods", "hf,hf-pld,hf-fp32,vanilla,dynamic,dynamic:8/2/2,dynamic:adaptive",
+                   "--warmup-tokens", "2",
                    "--total-tokens", "12", "--depth", "3", "--top-k", "4",
                    "--base-model", str(tiny_folders / "target"), "--draft-model", str(tiny_folders / "head"),
                    "--device", "cpu", "--out", str(out), "--plotly-js", "cdn"])
@@ -57,7 +58,7 @@ def test_bench_cli_end_to_end(tiny_folders, tmp_path, capsys, monkeypatch):
     assert doc["meta"]["forward"] and f"target forward {doc['meta']['forward']}," in md
     assert (out / "plots.html").stat().st_size > 1000
 
-    labels = ["hf", "hf-pld", "hf-fp32", "vanilla", "dynamic", "dynamic:8/2/2"]
+    labels = ["hf", "hf-pld", "hf-fp32", "vanilla", "dynamic", "dynamic:8/2/2", "dynamic:adaptive"]
     assert list(doc["summary"]) == ["alpha", "beta", "all"]
     assert len(doc["runs"]) == 2 * 2 * len(labels)       # 2 suites x 2 prompts x methods
     for suite, table in doc["summary"].items():
@@ -71,9 +72,20 @@ def test_bench_cli_end_to_end(tiny_folders, tmp_path, capsys, monkeypatch):
             # greedy, float32: every method reproduces vanilla token for token (hf included)
             assert s["identical_to_vanilla"] == [s["runs"], s["runs"]]
             assert f"| {label} |" in md
-        for label in ("vanilla", "dynamic", "dynamic:8/2/2"):
+        for label in ("vanilla", "dynamic", "dynamic:8/2/2", "dynamic:adaptive"):
             s = table[label]
             assert s["draft_share"] + s["verify_share"] + s["other_share"] == pytest.approx(1.0)
+            # which trees the steps ran: every step and token counted once
+            mix = s["tree_mix"]
+            assert sum(m["share"] for m in mix.values()) == pytest.approx(1.0)
+            assert sum(m["steps"] * m["tau"] for m in mix.values()) == pytest.approx(s["timed_tokens"])
+        assert list(table["vanilla"]["tree_mix"]) == ["vanilla"]
+        assert list(table["dynamic:8/2/2"]["tree_mix"]) == ["8/2/2"]
+        # the adaptive tree moves between its candidates (each runs at least once) and says so
+        adaptive = table["dynamic:adaptive"]["tree_mix"]
+        assert len(adaptive) >= 3 and "vanilla" in adaptive
+        assert "| dynamic:adaptive | adaptive |" in md and "| dynamic:8/2/2 | 8/2/2 |" in md
+        assert f"dynamic:adaptive's steps by tree: {next(iter(adaptive))} " in md
         assert table["dynamic"]["tree"] == {"total_tokens": 12, "depth": 3, "top_k": 4}
         assert table["dynamic:8/2/2"]["tree"] == {"total_tokens": 8, "depth": 2, "top_k": 2}
         assert table["dynamic"]["acceptance_by_depth"] and table["vanilla"]["acceptance_by_depth"] == []

@@ -43,6 +43,8 @@ def method_stats(runs: list[RunRecord], spec: MethodSpec, vanilla_runs: dict | N
         "acceptance_by_depth": [a / r if r else 0.0 for a, r in zip(accepted, reached)],
         "draft_share": None, "verify_share": None, "other_share": None,
         "identical_to_vanilla": None,
+        "adaptive": spec.adaptive,
+        "tree_mix": tree_mix(runs),
     }
     if not spec.is_hf and step_ms > 0:
         draft = sum(r.draft_ms for r in runs)
@@ -81,6 +83,26 @@ def aggregate(records: list[RunRecord], specs: list[MethodSpec], greedy: bool) -
     return out
 
 
+def tree_mix(runs: list[RunRecord]) -> dict[str, dict]:
+    """{tree "N/d/k" or "vanilla": {"steps", "share", "tau"}}, most-run first: which trees the
+    steps of ``runs`` ran (one for a fixed tree; an adaptive run moves between several)."""
+    pooled: dict[str, list[int]] = {}
+    for r in runs:
+        for key, (steps, tokens) in r.tree_steps.items():
+            total = pooled.setdefault(key, [0, 0])
+            total[0] += steps
+            total[1] += tokens
+    all_steps = sum(steps for steps, _ in pooled.values())
+    ranked = sorted(pooled.items(), key=lambda kv: -kv[1][0])
+    return {key: {"steps": steps, "share": steps / all_steps, "tau": tokens / steps}
+            for key, (steps, tokens) in ranked if steps}
+
+
+def tree_mix_text(mix: dict[str, dict]) -> str:
+    """"3/2/2 52% (tau 2.31) · 2/2/1 30% (tau 1.92) · ..." """
+    return " · ".join(f"{key} {100 * m['share']:.0f}% (tau {m['tau']:.2f})" for key, m in mix.items())
+
+
 def _f(x, fmt: str = "{:.2f}", none: str = "–") -> str:
     return none if x is None else fmt.format(x)
 
@@ -99,9 +121,13 @@ def markdown_table(table: dict[str, dict], max_depths: int = 6) -> str:
             f"{100 * s['draft_share']:.0f}% / {100 * s['verify_share']:.0f}% / {100 * s['other_share']:.0f}%"
         acc = " ".join(f"{a:.2f}" for a in s["acceptance_by_depth"][:max_depths]) or "–"
         same = "–" if s["identical_to_vanilla"] is None else f"{s['identical_to_vanilla'][0]} of {s['identical_to_vanilla'][1]}"
-        lines.append(f"| {s['method']} | {_tree_text(s['tree'])} | {s['tokens_per_s']:.1f} | {_f(s['speedup_hf'])} "
+        tree = "adaptive" if s.get("adaptive") else _tree_text(s["tree"])
+        lines.append(f"| {s['method']} | {tree} | {s['tokens_per_s']:.1f} | {_f(s['speedup_hf'])} "
                      f"| {_f(s['speedup_vanilla'])} | {_f(s['tau'])} | {_f(s['ms_per_step'], '{:.0f}')} | {shares} "
                      f"| {acc} | {same} |")
+    for s in table.values():
+        if s.get("adaptive") and s.get("tree_mix"):
+            lines += ["", f"{s['method']}'s steps by tree: {tree_mix_text(s['tree_mix'])}"]
     return "\n".join(lines)
 
 
@@ -112,7 +138,9 @@ app/bench/runners.py). *× hf*, *× vanilla*: ratio of tokens/s, same prompts, s
 *tau*: tokens per target forward (accepted drafts + the target's bonus token). *ms/step*:
 time per target forward including drafting. *draft / verify / other*: share of step time
 drafting the tree, in the target's verify forward (+ acceptance), and everything else (KV
-commit, step record). *acceptance by depth*: of the steps whose accepted path reached depth
+commit, step record). *tree N/d/k*: the tree every step ran, or *adaptive* for a tree chosen step by step
+(app/engine/adapt.py; the line under the table gives its share of steps on each tree and the
+tokens per step there). *acceptance by depth*: of the steps whose accepted path reached depth
 d-1 and that drafted depth d, the share accepting a token at depth d. *= vanilla*: greedy
 outputs token-for-token identical to our vanilla decoding (k of n prompts; exact equality is
 a property of the fast forward in every dtype, and of float32 on the eager one: README, "The fast forward")."""

@@ -132,6 +132,7 @@ class RunRecord:
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     tree: dict | None = None          # the tree settings used (engine methods)
+    tree_steps: dict[str, list[int]] = field(default_factory=dict)   # "N/d/k" or "vanilla": [steps, tokens]
     threads: int = 0                  # CPU threads it ran on (0: not recorded)
 
     @property
@@ -204,6 +205,7 @@ def run_engine(engine, spec: MethodSpec, suite: str, qid, prompt_ids: list[int],
     timed = 0                         # tokens of the decoding steps (the prefill's first token is untimed)
     reached: list[int] = []
     accepted: list[int] = []
+    tree_steps: dict[str, list[int]] = {}   # which trees the steps ran (an adaptive run moves between them)
     summary = None
     adapter = None
     if spec.adaptive:
@@ -219,6 +221,10 @@ def run_engine(engine, spec: MethodSpec, suite: str, qid, prompt_ids: list[int],
         if event.prefill:
             continue
         timed += len(event.new_tokens)
+        key = str(TreeShape.of(event.tree_config)) if event.tree_config else "vanilla"
+        steps_tokens = tree_steps.setdefault(key, [0, 0])
+        steps_tokens[0] += 1
+        steps_tokens[1] += len(event.new_tokens)
         draft += event.draft_ms
         verify += event.verify_ms
         step += event.step_ms
@@ -236,7 +242,7 @@ def run_engine(engine, spec: MethodSpec, suite: str, qid, prompt_ids: list[int],
                      timed_tokens=timed, seconds=summary.seconds, forwards=summary.target_forwards,
                      draft_ms=draft, verify_ms=verify, step_ms=step, depth_reached=reached,
                      depth_accepted=accepted, token_ids=list(summary.token_ids), text=summary.text,
-                     tree=t.shape() if t.uses_draft else None)
+                     tree=t.shape() if t.uses_draft else None, tree_steps=tree_steps)
 
 
 def compiled_peer(target):
