@@ -219,6 +219,31 @@ def test_exploration_refreshes_the_little_measured_tree_before_the_often_measure
     assert adapter.next_tree() == chain(1)          # between refreshes, the best estimate runs
 
 
+def test_plain_decodings_exactly_known_rate_gets_no_exploration_raise():
+    adapter = TreeAdapter([TreeConfig(method="vanilla"), chain(1), chain(2)], explore_every=5)
+    adapter.start(chain(2))
+    for arm, (tau, ms, seen) in zip(adapter.arms, [(1.0, 18.0, 1), (1.3, 25.0, 2), (2.0, 25.0, 30)]):
+        arm.tau, arm.ms, arm.runs, arm.tau_seen = tau, ms, seen, seen
+    adapter.steps = 5
+    # plain decoding was timed once (0.056 tokens/ms), the 1-node chain's acceptance twice
+    # (0.052, raised by its uncertainty to 0.067): the refresh goes to the chain, whose
+    # estimate may be wrong; plain decoding's 1 token a step is not
+    assert adapter.promise(0) == adapter.rate(0)
+    assert adapter.next_tree() == chain(1)
+
+
+def test_trees_beyond_the_verify_forwards_free_rows_are_not_candidates():
+    """Under AVX2 a forward over 5 rows reads the weights twice (two register blocks of 4):
+    4/2/2 (root + 4 nodes) is left out there; the tuned tree, priced by its measured cost
+    curve, stays whatever its size."""
+    keys = lambda cands: [TreeAdapter._key(t) for t in cands]            # noqa: E731
+    assert "4/2/2" in keys(default_candidates()) and "4/2/2" in keys(default_candidates(free_rows=16))
+    four = keys(default_candidates(free_rows=4))
+    assert four == ["vanilla", "1/1/1", "2/2/1", "3/2/2"]
+    tuned = TreeConfig(method="dynamic", total_tokens=6, depth=3, top_k=2)
+    assert "6/3/2" in keys(default_candidates(tuned, free_rows=4))
+
+
 def test_a_one_node_tuned_tree_is_the_one_node_chain_not_a_second_candidate():
     """A tuned tree of one node (e.g. 1/1/8 on a slow CPU) drafts what the 1-node chain drafts:
     it joins the candidates as that chain, not as a second arm that would split its

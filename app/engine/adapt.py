@@ -80,13 +80,21 @@ MAX_CHAIN = 2
 
 
 def default_candidates(best: TreeConfig | None = None, max_chain: int = MAX_CHAIN,
-                       base: TreeConfig = TreeConfig()) -> list[TreeConfig]:
+                       base: TreeConfig = TreeConfig(), free_rows: int | None = None) -> list[TreeConfig]:
     """Plain decoding (no draft: where no tree pays, e.g. a CPU with no spare compute, the run
     can still fall back to it), chains of depth 1..``max_chain``, the ``SMALL_TREES`` and, if
     it is not one of them, the tree ``best`` (e.g. the one tuned for this machine), all with
-    ``base``'s other knobs, smallest first."""
+    ``base``'s other knobs, smallest first.
+
+    ``free_rows``: the verify forward's rows that cost about one (``Engine.free_rows``, the
+    fast kernels' register block: 4 with AVX2). A small tree whose root and nodes do not fit
+    leaves that block: under AVX2 emulation 4/2/2 cost 1.3x a step of 3/2/2 (46 against
+    35 ms) for 2.07 tokens against 1.96, and the adaptive default still ran it on 9% of its
+    steps (first tries and refreshes). It is not a candidate there; ``best`` (priced by the
+    measured cost curve) always is."""
     out = [VANILLA] + [chain(d, base) for d in range(1, max_chain + 1)]
-    out += [replace(base, method="dynamic", total_tokens=n, depth=d, top_k=k) for n, d, k in SMALL_TREES]
+    out += [replace(base, method="dynamic", total_tokens=n, depth=d, top_k=k) for n, d, k in SMALL_TREES
+            if free_rows is None or n + 1 <= free_rows]
     if best is not None and best.method == "dynamic" and not any(_same(best, c) for c in out):
         out.append(replace(best, min_confidence=0.0))
     return sorted(out, key=lambda t: (t.uses_draft, t.total_tokens, t.depth, t.top_k))
@@ -231,10 +239,14 @@ class TreeAdapter:
         return a.tau / a.ms if a.ms else 0.0
 
     def promise(self, i: int) -> float:
-        """Candidate i's estimated tokens per ms, raised by how little it has been observed
-        (by ``EXPLORE_BONUS`` / sqrt(1 + observations)): what exploration refreshes next. A tree
-        seen once, on a step that accepted little, keeps a chance; one seen often, little."""
+        """Candidate i's estimated tokens per ms, raised by how little its acceptance has been
+        observed (by ``EXPLORE_BONUS`` / sqrt(1 + observations)): what exploration refreshes
+        next. A tree seen once, on a step that accepted little, keeps a chance; one seen often,
+        little. Plain decoding gets no raise: its tokens per step are exactly 1, never an
+        estimate, and a step of it where a tree pays gives up most of a step's tokens."""
         a = self.arms[i]
+        if not a.tree.uses_draft:
+            return self.rate(i)
         return self.rate(i) * (1 + EXPLORE_BONUS / math.sqrt(1 + max(a.runs, a.tau_seen)))
 
     def best(self) -> int:
@@ -277,8 +289,8 @@ def adapter_for(engine, base: TreeConfig = TreeConfig(), measure: bool = False, 
     base = replace(base, lookup=auto_lookup(engine) if lookup is None else lookup)
     tree, choice = choose_tree(engine, base=base, measure=measure, progress=progress)
     if choice is None:
-        return chain(2, base), TreeAdapter(default_candidates(base=base)), None
-    candidates = default_candidates(tree, base=base)
+        return chain(2, base), TreeAdapter(default_candidates(base=base, free_rows=engine.free_rows)), None
+    candidates = default_candidates(tree, base=base, free_rows=engine.free_rows)
     prior = {}
     for c in choice.candidates:
         top_k = c.top_k or choice.calibration_top_k

@@ -99,7 +99,7 @@ def tree_plan(ctx: AppContext, request: Request):
     """(the first step's tree, the ``TreeAdapter`` that picks every later one, or None).
 
     With ``adapt`` (method dynamic) the run adapts its tree while decoding
-    (``app.engine.adapt.adapter_for``): among top-1 chains of depth 1-2, two small trees and
+    (``app.engine.adapt.adapter_for``): among top-1 chains of depth 1-2, the small trees that fit the forward's free rows and
     the tree tuned for this machine when a kept profile exists, each with a prompt-lookup
     branch, each step runs the one with the best tokens/s measured so far. Nothing is
     measured in the foreground. Otherwise every step uses the request's tree."""
