@@ -172,6 +172,30 @@ def test_the_heads_one_call_layer_is_its_per_kernel_forward_bit_for_bit(dtype, i
             assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values) and a.length == length
 
 
+@pytest.mark.parametrize("dtype,int8", [(torch.float32, False), (torch.bfloat16, True)])
+def test_the_heads_forward_without_a_mask_is_causal_over_its_cache(dtype, int8):
+    """The engine feeds the head its pending pairs with no mask on the fast kernels
+    (``causal_without_mask``): row i must see the cache and rows 0..i, bit for bit what the
+    causal mask says, in the outputs and in the keys and values cached."""
+    target = tiny_target(seed=3)
+    draft = RowwiseDraftHead(random_head(target, seed=4).to(dtype), int8)
+    assert draft.causal_without_mask
+    g = torch.Generator().manual_seed(1)
+    H = target.model.config.hidden_size
+    caches = (kv.preallocated_cache(None, 4), kv.preallocated_cache(None, 4))
+    length = 0
+    with torch.inference_mode():
+        for T in (5, 1, 3, 2):
+            emb, feat = torch.randn(1, T, H, generator=g), torch.randn(1, T, H, generator=g)
+            pos = torch.arange(length, length + T)[None]
+            causal = torch.ones(T, length + T, dtype=torch.bool).tril(length)[None, None]
+            none, masked = draft(emb, feat, pos, None, caches[0]), draft(emb, feat, pos, causal, caches[1])
+            length += T
+            assert torch.equal(none, masked), (none - masked).abs().max()
+            a, b = caches[0].layers[0], caches[1].layers[0]
+            assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+
+
 def test_one_decoder_serves_two_caches_in_turn():
     """The C layers point at a cache's buffers until another cache (or a grown one) comes: a
     page racing two runs on one target alternates caches step by step. Interleaved, each run

@@ -153,3 +153,37 @@ def test_cache_after_steps_equals_fresh_forward(tiny, method):
         assert torch.allclose(a.keys, b.keys, atol=1e-4) and torch.allclose(a.values, b.values, atol=1e-4)
     # the head's cache holds exactly the committed pairs; the rest are pending
     assert kv.cache_length(run.draft_cache) + len(run.pending_tokens) == len(run.tokens) - 1
+
+
+@pytest.mark.skipif(kernels.load() is None, reason=f"fast kernels unavailable: {kernels.why_not()}")
+def test_keep_positions_follows_a_buffer_that_grew_between_steps():
+    """``kv.keep_positions`` keeps the C call's pointers while the buffers stay; a layer whose
+    buffer grew between two steps (a new tensor) must be compacted in its new buffer, as the
+    torch gather does, not in the old one the kept pointers name."""
+    kernels.load()
+    g = torch.Generator().manual_seed(1)
+    caches = []
+    for _ in range(2):
+        cache = DynamicCache()
+        cache.layers = [kv.PreallocatedLayer(12) for _ in range(2)]
+        caches.append(cache)
+    # step 1: 4 cached positions + 6 in a tree; step 2: the 6 kept + 9 outgrow capacity 12
+    for step, (start, n) in enumerate([(4, 6), (6, 9)]):
+        fresh = n + (start if step == 0 else 0)                     # positions written this step
+        rows = [(torch.randn(1, 2, fresh, 8, generator=g), torch.randn(1, 2, fresh, 8, generator=g)) for _ in range(2)]
+        for cache in caches:
+            for layer, (keys, values) in zip(cache.layers, rows):
+                if step:
+                    layer.length = start                            # what the last step kept: 4 + 3 >= 6
+                first, key_buffer, value_buffer = layer.reserve(fresh, 2, 8)
+                key_buffer[:, :, first:first + fresh], value_buffer[:, :, first:first + fresh] = keys, values
+        in_c, in_torch = caches
+        offsets = [0, 2, 5]
+        kv.keep_positions(in_c, start, offsets)
+        index = torch.tensor([start + o for o in offsets])
+        for layer in in_torch.layers:
+            layer.gather_tail(start, index)
+        assert in_c.layers[0].capacity == (12 if step == 0 else 24)
+        for a, b in zip(in_c.layers, in_torch.layers):
+            assert a.length == b.length == start + len(offsets)
+            assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)

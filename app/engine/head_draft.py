@@ -42,7 +42,10 @@ def read_pending(engine: Engine, run: _Run) -> tuple[torch.Tensor | None, int]:
         return None, base
     emb = engine.head.embed(torch.tensor([run.pending_tokens], device=device), engine.embedding)   # (1, P, H)
     pos = torch.arange(base, base + n_pending, device=device)[None]                                # (1, P)
-    mask = torch.ones(n_pending, base + n_pending, dtype=torch.bool, device=device).tril(base)[None, None]
+    # causal over the cache: the fast kernels' head reads that from no mask at all (no mask
+    # to build, convert and test key by key, every step)
+    mask = None if getattr(engine.draft_forward, "causal_without_mask", False) else \
+        torch.ones(n_pending, base + n_pending, dtype=torch.bool, device=device).tril(base)[None, None]
     out = engine.draft_forward(emb, run.pending_features, pos, mask, cache)                        # (1, P, H)
     run.pending_features, run.pending_tokens = None, []
     return out[:, -1:], base + n_pending

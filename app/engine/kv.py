@@ -43,11 +43,17 @@ def keep_positions(cache, start: int, offsets: list[int]) -> None:
         crop(cache, start + len(offsets))
         return
     layers = cache.layers
-    if all(isinstance(layer, PreallocatedLayer) and layer.is_initialized for layer in layers) and kernels.keep_rows(
-            [b for layer in layers for b in (layer.key_buffer, layer.value_buffer)], start, offsets):
-        for layer in layers:                            # the rows moved in C: one call for every layer
-            layer.length = start + len(offsets)
-        return
+    if all(isinstance(layer, PreallocatedLayer) and layer.is_initialized for layer in layers):
+        buffers = [b for layer in layers for b in (layer.key_buffer, layer.value_buffer)]
+        kept = getattr(cache, "_keep_rows_plan", None)     # (buffers, plan): made again when one grows
+        same = kept is not None and len(kept[0]) == len(buffers) and all(a is b for a, b in zip(kept[0], buffers))
+        plan = kept[1] if same else kernels.keep_rows_plan(buffers)
+        if plan is not None and not same:
+            cache._keep_rows_plan = (buffers, plan)
+        if plan is not None and kernels.keep_rows(buffers, start, offsets, plan):
+            for layer in layers:                        # the rows moved in C: one call for every layer
+                layer.length = start + len(offsets)
+            return
     device = cache.layers[0].keys.device
     index = torch.tensor([start + o for o in offsets], device=device)
     for layer in cache.layers:

@@ -190,6 +190,10 @@ class RowwiseDraftHead:
     (``kernels.quantize_int8``: half the bytes of bfloat16 to read at every level). Draft
     quality only affects speed, never output."""
 
+    # attention_mask None: each row sees the whole cache and the rows before it (the C
+    # attention's causal rule), as the mask of the head's pending pairs would say
+    causal_without_mask = True
+
     def __init__(self, head: nn.Module, int8: bool = False):
         layer = head.layers[0]
         attn, mlp = layer.self_attn, layer.mlp
