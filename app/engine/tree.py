@@ -257,5 +257,5 @@ def tree_attention_mask(parents: Sequence[int], device=None) -> torch.Tensor:
         row = rows[p + 1].copy()
         row[i + 1] = True
         rows.append(row)
-    mask = torch.tensor(rows, dtype=torch.bool)             # built on the host, moved once
+    mask = torch.tensor(rows, dtype=torch.bool, device="cpu")   # built on the host, moved once
     return mask.to(device) if device is not None else mask
