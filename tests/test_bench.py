@@ -57,6 +57,7 @@ def test_bench_cli_end_to_end(tiny_folders, tmp_path, capsys, monkeypatch):
     # the tables name the target forward they were measured on (which kernels, e.g. AMX tiles)
     assert doc["meta"]["forward"] and f"target forward {doc['meta']['forward']}," in md
     assert (out / "plots.html").stat().st_size > 1000
+    assert "dynamic:adaptive: steps by tree" in (out / "plots.html").read_text()
 
     labels = ["hf", "hf-pld", "hf-fp32", "vanilla", "dynamic", "dynamic:8/2/2", "dynamic:adaptive"]
     assert list(doc["summary"]) == ["alpha", "beta", "all"]

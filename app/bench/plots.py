@@ -42,12 +42,37 @@ def acceptance_figure(summary: dict):
     return fig
 
 
+def tree_mix_figure(summary: dict):
+    """Stacked bars: the share of an adaptive method's steps on each tree, per suite (the tree
+    each step ran, ``report.tree_mix``); None when no method adapts its tree."""
+    suites = [s for s in summary if s != ALL] + ([ALL] if ALL in summary else [])
+    labels = [label for label, s in next(iter(summary.values())).items() if s.get("adaptive")]
+    if not labels:
+        return None
+    bars = [(suite, label) for label in labels for suite in suites]
+    xs = [suite if len(labels) == 1 else f"{suite} · {label}" for suite, label in bars]
+    mix_of = {(suite, label): summary[suite].get(label, {}).get("tree_mix", {}) for suite, label in bars}
+    trees = list(dict.fromkeys(key for mix in mix_of.values() for key in mix))     # most-run first
+    fig = go.Figure()
+    for key in trees:
+        mixes = [mix_of[bar].get(key) for bar in bars]
+        fig.add_bar(name=key, x=xs, y=[100 * m["share"] if m else 0 for m in mixes],
+                    customdata=[m["tau"] if m else None for m in mixes],
+                    hovertemplate=f"{key}: %{{y:.0f}}% of the steps, tau %{{customdata:.2f}}<extra></extra>")
+    fig.update_layout(title=f"{' / '.join(labels)}: steps by tree (share of the steps, per suite)", barmode="stack",
+                      yaxis_title="% of steps", xaxis_title="suite", template="plotly_white")
+    return fig
+
+
 def write_plots(summary: dict, path: Path, plotly_js: str = "cdn", tree_choice: dict | None = None) -> Path:
-    """The speedup and acceptance figures, and with ``tree_choice`` (the auto tree's
+    """The speedup and acceptance figures, the adaptive methods' steps by tree, and with ``tree_choice`` (the auto tree's
     ``TreeChoice.to_dict()``) the measured cost curve and every candidate's prediction.
     ``plotly_js``: ``"cdn"`` (a ``<script src>`` tag, small file) or ``"inline"`` (offline,
     ~4.8 MB); passed to plotly's ``include_plotlyjs``."""
     figs = [speedup_figure(summary), acceptance_figure(summary)]
+    mix = tree_mix_figure(summary)
+    if mix is not None:
+        figs.append(mix)
     if tree_choice is not None:
         figs.append(choice_figure(tree_choice).update_layout(title="auto tree: why this size"))
     parts = [fig.to_html(full_html=False, include_plotlyjs=(plotly_js if i == 0 else False))
