@@ -122,7 +122,7 @@ def main() -> int:
                 step_ms[name].append(event.step_ms)
                 draft_ms[name].append(event.draft_ms)
                 if bandit is not None:
-                    used[name][str(TreeShape.of(event.tree_config)) if event.tree_config else "vanilla"] += 1
+                    used[name][TreeShape.key(event.tree_config)] += 1
     base = tokens["vanilla"] / seconds["vanilla"]
     print("\n| method | tokens/s | x vanilla | tokens a step | ms a step (median) | of it drafting (median) | "
           "steps per tree |\n|---|---|---|---|---|---|---|")

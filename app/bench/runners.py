@@ -221,8 +221,7 @@ def run_engine(engine, spec: MethodSpec, suite: str, qid, prompt_ids: list[int],
         if event.prefill:
             continue
         timed += len(event.new_tokens)
-        key = str(TreeShape.of(event.tree_config)) if event.tree_config else "vanilla"
-        steps_tokens = tree_steps.setdefault(key, [0, 0])
+        steps_tokens = tree_steps.setdefault(TreeShape.key(event.tree_config), [0, 0])
         steps_tokens[0] += 1
         steps_tokens[1] += len(event.new_tokens)
         draft += event.draft_ms

@@ -264,7 +264,7 @@ class TreeAdapter:
     @staticmethod
     def _key(t: TreeConfig) -> str:
         """"total/depth/top_k" of a tree (the papers' N/d/k), "vanilla" for no draft."""
-        return str(TreeShape.of(t)) if t.uses_draft else "vanilla"
+        return TreeShape.key(t)
 
     def summary(self) -> list[dict]:
         """Per candidate: its tree, runs, tau and ms estimates (for the page and the CLI)."""

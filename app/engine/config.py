@@ -231,6 +231,15 @@ class TreeShape:
     def __str__(self) -> str:
         return f"{self.total_tokens}/{self.depth}/{self.top_k}"
 
+    @classmethod
+    def key(cls, tree) -> str:
+        """"N/d/k" of a tree that drafts (a ``TreeConfig``, or a step record's ``tree_config``),
+        "vanilla" for a step without a draft (a record's ``tree_config`` is then None): how the
+        adaptive tree and the benchmark name the trees a run moves between."""
+        if tree is None or (isinstance(tree, TreeConfig) and not tree.uses_draft):
+            return "vanilla"
+        return str(cls.of(tree))
+
     def knobs(self) -> dict:
         return {"total_tokens": self.total_tokens, "depth": self.depth, "top_k": self.top_k}
 

@@ -467,7 +467,8 @@ int rowwise_bf16_pairs(void) { return 0; }
  * free to verify.
  *
  * Rows are processed in tiles of 16 (x padded with zero rows; a step of fewer rows, in one
- * tile of just its rows), columns in GV = 3 tiles of 16, k-pairs in tiles of 16 ascending. The arithmetic of an element is the hardware's
+ * tile of just its rows), columns in GV = 3 tiles of 16, k-pairs in tiles of 16 ascending.
+ * The arithmetic of an element is the hardware's
  * fixed sequence over ascending k-pairs, whatever the other rows of its tile hold, so a
  * row's bits do not depend on the rows beside it. They are not VDPBF16PS's bits (the
  * instructions round inside a pair differently), so whether a linear runs on AMX depends
