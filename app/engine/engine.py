@@ -446,7 +446,8 @@ class Engine:
             where = {row: j for j, row in enumerate(verified.lm_rows)}
             parent_rows = sorted({where[par + 1] for par in tree.parents})
             at = {j: i for i, j in enumerate(parent_rows)}
-            row_logits = row_logits[parent_rows]                                                  # (P, V)
+            # (P, V): index_select, not row_logits[list] (advanced indexing: ~50 against ~13 us a step)
+            row_logits = row_logits.index_select(0, torch.tensor(parent_rows, device=row_logits.device))
             rows = torch.tensor([at[where[par + 1]] for par in tree.parents], device=row_logits.device)
             cols = torch.tensor(tree.tokens, device=row_logits.device)
             fast = kernels.top_probs(row_logits, 0) if sampling.greedy else None   # each row's logsumexp, in C
