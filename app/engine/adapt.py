@@ -50,16 +50,21 @@ VANILLA = TreeConfig(method="vanilla")
 # (``TreeConfig.lookup``): on the six evaluation suites it raised tau at 4/2/2 from 1.84 to
 # 2.12 and tokens/s by 13% over the head's tree alone (benchmarks/fast-forward/lookup-branch.md).
 AUTO_LOOKUP = 3
-# ... and this many where the verify forward takes 16 rows for the price of one (AMX tiles):
-# there a branch of 8 beat one of 3 by 2-7% in three runs (benchmarks/fast-forward/amx.md).
+# ... and this many where the verify forward takes 8 or more rows for about the price of one
+# (AVX-512: one register block of 8 rows; AMX tiles: 16). The branch still only fills the
+# rows the head's tree leaves free (``Engine._with_lookup_branch``). A branch of 8 beat one of
+# 3 by 2-7% in three runs on the AMX Xeon (benchmarks/fast-forward/amx.md), and on a Zen 5
+# EPYC (AVX-512, 8 free rows) the adaptive default ran 1.50-1.59x our vanilla with it against
+# 1.46-1.55x with 3, in three interleaved runs of 24 prompts (benchmarks/fast-forward/zen5.md).
 WIDE_LOOKUP = 8
+WIDE_ROWS = 8
 
 
 def auto_lookup(engine) -> int:
     """The prompt-lookup branch of the adaptive default on ``engine``: ``WIDE_LOOKUP`` where its
-    verify forward computes 16 rows at the cost of one (``Engine.free_rows``), else
-    ``AUTO_LOOKUP``."""
-    return WIDE_LOOKUP if (engine.free_rows or 0) >= 16 else AUTO_LOOKUP
+    verify forward computes ``WIDE_ROWS`` rows or more at about the cost of one
+    (``Engine.free_rows``), else ``AUTO_LOOKUP``."""
+    return WIDE_LOOKUP if (engine.free_rows or 0) >= WIDE_ROWS else AUTO_LOOKUP
 
 
 # Small EAGLE-2 trees (total/depth/top_k) beside the chains: where a forward over 4-5 rows
