@@ -229,9 +229,9 @@ static inline vn n_bf16_hi(const uint16_t *p) {
 #define PREFETCH_WEIGHTS(p) __builtin_prefetch((const char *)(p) + PREFETCH_BYTES, 0, 3)
 /* ...for every 64-byte line of a step's BYTES (a compile-time constant, so the loop unrolls).
  * A step of an AVX-512 block reads 3 lines (GV vectors of 64 bytes); one prefetch a step left
- * two of every three lines to the hardware prefetcher, and on a Zen 5 EPYC (4 times the
- * bandwidth a core of the Xeon got) the forward's T(8) with native bfloat16 went from 12.1 to
- * 9.5 ms with all three asked for (benchmarks/fast-forward/prefetch-every-line.md). */
+ * two of every three lines to the hardware prefetcher. On a Zen 5 EPYC, whose cores each read
+ * 2-3 times as fast as the Xeon's, the forward's T(8) with native bfloat16 went from 9.3 to
+ * 7.4 ms with all three asked for, interleaved (benchmarks/fast-forward/prefetch-every-line.md). */
 #define PREFETCH_STEP(p, BYTES) \
     do { for (int l_ = 0; l_ < (BYTES); l_ += 64) PREFETCH_WEIGHTS((const char *)(p) + l_); } while (0)
 /* With more rows than one block (MB), a group's later blocks read it from the cache; without
