@@ -232,8 +232,15 @@ static inline vn n_bf16_hi(const uint16_t *p) {
  * two of every three lines to the hardware prefetcher. On a Zen 5 EPYC, whose cores each read
  * 2-3 times as fast as the Xeon's, the forward's T(8) with native bfloat16 went from 9.3 to
  * 7.4 ms with all three asked for, interleaved (benchmarks/fast-forward/prefetch-every-line.md). */
+#if VW == 16
 #define PREFETCH_STEP(p, BYTES) \
     do { for (int l_ = 0; l_ < (BYTES); l_ += 64) PREFETCH_WEIGHTS((const char *)(p) + l_); } while (0)
+#else
+/* AVX2: a step is 24-96 bytes, and one prefetch a step is what prefetch-avx2.md measured; a
+ * second for float32's 96-byte step measured no better under AVX2 emulation (T(1) 15.1
+ * against 14.3 ms, T(8) 17.3 against 17.7, interleaved: within the VM's noise) */
+#define PREFETCH_STEP(p, BYTES) PREFETCH_WEIGHTS(p)
+#endif
 /* With more rows than one block (MB), a group's later blocks read it from the cache; without
  * more, nothing would stream from memory while they compute. So every block of a group also
  * prefetches its share of the next group (groups lie end to end): block j of nb walks the
