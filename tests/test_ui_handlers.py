@@ -328,6 +328,11 @@ def test_background_run_coalesces_stops_and_reports_errors():
     worker = EngineThread()
     batches = list(BackgroundRun(slow(20), worker).batches(0.05))
     assert [x for b in batches for x in b] == list(range(20)) and len(batches) < 20
+    # interval 0: a list for each record, even when they all arrived before the first was taken
+    # (a run's views then never depend on how fast the machine is)
+    done = BackgroundRun((i for i in range(6)), worker)
+    done.join(5)
+    assert list(done.batches(0)) == [[0], [1], [2], [3], [4], [5], []]     # [] : the end
     it = slow(1000)
     run = BackgroundRun(it, worker)
     next(run.batches(0.02))

@@ -66,13 +66,13 @@ class BackgroundRun:
                 # CPU (~30 records/s on 2 cores). Wake early only when the run has ended.
                 self._ended.wait(timeout=interval)
                 items = []
-            else:                         # interval 0 (tests): a list as soon as a record arrives
-                items = [self._queue.get()]
-            while True:
-                try:
-                    items.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
+                while True:
+                    try:
+                        items.append(self._queue.get_nowait())
+                    except queue.Empty:
+                        break
+            else:                         # interval 0 (tests): a list for each record, however fast
+                items = [self._queue.get()]   # they come, so a run's views never depend on timing
             batch: list = []
             for item in items:
                 if item is _DONE:
