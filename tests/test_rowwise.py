@@ -138,6 +138,45 @@ def test_one_call_decoder_is_the_per_kernel_forward_bit_for_bit(dtype):
         decoder.one_call = True
 
 
+@pytest.mark.parametrize("gather", ["c", "torch"])
+def test_the_kept_transposed_keys_follow_a_compacted_cache(gather, monkeypatch):
+    """Attention reads the keys from a transposed copy kept beside the cache and brought up to
+    date from a watermark. After a tree step whose accepted path is not the first positions,
+    ``kv.keep_positions`` moves keys below the watermark (in C, or in torch without the C
+    kernels' plan); the next steps must see the moved keys: the one-call forward (kept copy)
+    gives the bits of the per-kernel one (keys transposed afresh each call)."""
+    target = tiny_target(seed=7, layers=2)
+    decoder = forward.decoder_forward(Target(model=target.model, tokenizer=target.tokenizer, name="tiny",
+                                             device=target.device, dtype=torch.float32))
+    assert isinstance(decoder, RowwiseLlamaDecoder) and decoder.one_call
+    if gather == "torch":
+        monkeypatch.setattr(kernels, "keep_rows_plan", lambda buffers: None)
+    prefix = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12, 13]])
+    m = prefix.shape[1]
+    parents = [-1, -1, 1, 2]                      # root, then two branches; the second is accepted
+    mask = torch.cat([torch.ones(5, m, dtype=torch.bool), tree_attention_mask(parents)], 1)[None, None]
+    pos = torch.tensor([[m] + [m + d for d in depths_of(parents)]])
+
+    def run(one_call: bool) -> list[torch.Tensor]:
+        decoder.one_call = one_call
+        cache = kv.preallocated_cache(target.model, 32)
+        with torch.inference_mode():
+            out = [decoder.prefill(prefix, cache)]
+            out.append(decoder(torch.tensor([[30, 31, 32, 33, 34]]), pos, mask, cache))
+            kv.keep_positions(cache, m, [0, 2, 3, 4])             # root, nodes 1, 2, 3 -> m .. m+3
+            assert all(layer.key_t_valid.value <= m for layer in cache.layers)
+            for j, token in enumerate([40, 41]):                   # plain steps after the compacted path
+                out.append(decoder(torch.tensor([[token]]), torch.tensor([[m + 4 + j]]), None, cache))
+        return out
+
+    try:
+        kept, fresh = run(True), run(False)
+    finally:
+        decoder.one_call = True
+    for a, b in zip(kept, fresh):
+        assert torch.equal(a, b), (a - b).abs().max()
+
+
 @pytest.mark.parametrize("dtype,int8", [(torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True)])
 def test_the_heads_one_call_layer_is_its_per_kernel_forward_bit_for_bit(dtype, int8):
     """An EAGLE head's layer on the fast kernels runs as one ``kernels.decoder`` call (no input

@@ -12,6 +12,8 @@ appends and drops finished rows.
 """
 from __future__ import annotations
 
+import ctypes
+
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
@@ -53,6 +55,7 @@ def keep_positions(cache, start: int, offsets: list[int]) -> None:
         if plan is not None and kernels.keep_rows(buffers, start, offsets, plan):
             for layer in layers:                        # the rows moved in C: one call for every layer
                 layer.length = start + len(offsets)
+                layer._forget_keys_t_from(start)
             return
     device = cache.layers[0].keys.device
     index = torch.tensor([start + o for o in offsets], device=device)
@@ -84,6 +87,12 @@ class PreallocatedLayer(DynamicLayer):
         super().__init__()
         self.capacity = max(1, int(capacity))
         self.length = 0
+        # the keys transposed in tiles of 16 positions, (B, kv_heads, tiles, d, 16), for the
+        # fast forward's attention (app/engine/kernels/rowwise.c, transpose_keys), made by
+        # ``keys_transposed``; current below ``key_t_valid`` (the C code moves it up, every
+        # change to a position below it here moves it down)
+        self.key_t_buffer = None
+        self.key_t_valid = ctypes.c_int(0)
 
     # ``keys``/``values`` are made when read, not each time the length changes: a decode
     # step reserves, crops or compacts every layer of the cache, and re-slicing 2 views per
@@ -112,6 +121,7 @@ class PreallocatedLayer(DynamicLayer):
         self.key_buffer = key_states.new_empty(B, heads, self.capacity, d)      # (B, kv_heads, C, d)
         self.value_buffer = value_states.new_empty(B, heads, self.capacity, value_states.shape[-1])
         self.length = 0
+        self.key_t_buffer, self.key_t_valid.value = None, 0
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -139,6 +149,20 @@ class PreallocatedLayer(DynamicLayer):
         self.length = start + n
         return start, self.key_buffer, self.value_buffer
 
+    def keys_transposed(self) -> tuple[torch.Tensor, ctypes.c_int]:
+        """The transposed copy of the keys, (B, kv_heads, capacity / 16, d, 16), and the
+        position below which it is current, made on first use (empty, current nowhere)."""
+        if self.key_t_buffer is None:
+            B, heads, capacity, d = self.key_buffer.shape
+            self.key_t_buffer = self.key_buffer.new_empty(B, heads, -(-capacity // 16), d, 16)
+            self.key_t_valid.value = 0
+        return self.key_t_buffer, self.key_t_valid
+
+    def _forget_keys_t_from(self, position: int) -> None:
+        """Positions from ``position`` on change: the transposed copy is no longer current there."""
+        if self.key_t_valid.value > position:
+            self.key_t_valid.value = position
+
     def _grow(self, capacity: int) -> None:
         """Move the cached positions into buffers of ``capacity`` positions (one copy)."""
         for name in ("key_buffer", "value_buffer"):
@@ -146,6 +170,10 @@ class PreallocatedLayer(DynamicLayer):
             new = old.new_empty(*old.shape[:2], capacity, old.shape[-1])
             new[:, :, :self.length] = old[:, :, :self.length]
             setattr(self, name, new)
+        if self.key_t_buffer is not None:        # tiles do not depend on the capacity: copy the current ones
+            old, tiles = self.key_t_buffer, -(-self.key_t_valid.value // 16)
+            self.key_t_buffer = old.new_empty(*old.shape[:2], -(-capacity // 16), *old.shape[3:])
+            self.key_t_buffer[:, :, :tiles] = old[:, :, :tiles]
         self.capacity = capacity
 
     def get_seq_length(self) -> int:
@@ -155,6 +183,7 @@ class PreallocatedLayer(DynamicLayer):
         """Keep the first ``length`` positions (no copy: later writes overwrite the rest)."""
         if self.is_initialized and length < self.length:
             self.length = length
+            self._forget_keys_t_from(length)
 
     def gather_tail(self, start: int, index: torch.Tensor) -> None:
         """Keep positions [0, start) followed by the positions ``index`` (ascending, all >= start)."""
@@ -164,6 +193,7 @@ class PreallocatedLayer(DynamicLayer):
         for buffer in (self.key_buffer, self.value_buffer):
             buffer[:, :, start:start + k] = buffer.index_select(2, index)   # index_select copies first
         self.length = start + k
+        self._forget_keys_t_from(start)
 
     def crop(self, tokens_to_remove: int) -> None:
         raise NotImplementedError("use kv.crop(cache, length) or truncate(length)")
@@ -173,6 +203,8 @@ class PreallocatedLayer(DynamicLayer):
         if self.is_initialized:
             self.key_buffer = self.key_buffer[indices]
             self.value_buffer = self.value_buffer[indices]
+            if self.key_t_buffer is not None:
+                self.key_t_buffer = self.key_t_buffer[indices]
 
 
 def reserve(cache, n: int, heads: int, head_dim: int) -> list[tuple[int, torch.Tensor, torch.Tensor]] | None:

@@ -36,6 +36,8 @@ CPU with AVX2 + FMA and a C compiler; anything else keeps the eager forward.
 """
 from __future__ import annotations
 
+import ctypes
+
 import torch
 from torch import nn
 from transformers.models.llama.modeling_llama import rotate_half   # as fused.py: Mistral's is the same
@@ -80,6 +82,7 @@ class RowwiseLlamaDecoder(FusedLlamaDecoder):
         self.inner = self.layers[0]["down"].in_features                        # the MLP's I
         # the C decoder's view of every layer (kernels.Layer); the cache fields are set per call
         self._c_layers = (kernels.Layer * len(self.layers))()
+        self._c_keys_t = (kernels.KeysT * len(self.layers))()   # and of its transposed keys
         for c, w in zip(self._c_layers, self.layers):
             c.norm1, c.norm2 = w["norm1"].data_ptr(), w["norm2"].data_ptr()
             c.eps1, c.eps2, c.scale = w["eps1"], w["eps2"], w["scaling"]
@@ -102,12 +105,16 @@ class RowwiseLlamaDecoder(FusedLlamaDecoder):
         # reserved above (positions [cached, cached + n) of every layer)
         assert len(slots) == len(self.layers) and len({start for start, _, _ in slots}) == 1
         cached = slots[0][0]
-        buffers = [(keys.data_ptr(), values.data_ptr(), keys.stride(1)) for _, keys, values in slots]
+        transposed = [layer.keys_transposed() for layer in cache.layers]     # (1, Hkv, C/16, d, 16), valid
+        buffers = [(keys.data_ptr(), values.data_ptr(), keys.stride(1), kt.data_ptr(), ctypes.addressof(valid))
+                   for (_, keys, values), (kt, valid) in zip(slots, transposed)]
         if buffers != self._buffers:            # a new cache, or one that grew: point the layers at its buffers
-            for c, (_, keys, values) in zip(self._c_layers, slots):
+            for c, (_, keys, values), (kt, valid) in zip(self._c_layers, slots, transposed):
                 assert keys.device.type == "cpu" and keys.shape[0] == 1 and keys.is_contiguous() \
                     and keys.dtype == torch.float32 and values.shape == keys.shape and values.is_contiguous()
                 c.keys, c.values, c.kv_head = keys.data_ptr(), values.data_ptr(), keys.stride(1)
+            for c, (kt, valid) in zip(self._c_keys_t, transposed):
+                c.keys_t, c.kt_head, c.valid = kt.data_ptr(), kt.stride(1), ctypes.addressof(valid)
             self._buffers = buffers
         tap = taps = None
         if layers:
@@ -116,7 +123,8 @@ class RowwiseLlamaDecoder(FusedLlamaDecoder):
             tap = [slot.get(i, -1) for i in range(len(self.layers))]
             taps = torch.empty(n, len(layers) * x.shape[1], device="cpu")   # (n, k·H)
         hidden = kernels.decoder(x, self._c_layers, self.heads, self.kv_heads, self.head_dim, self.inner, cos, sin,
-                                 cached, keep, tap, taps, self.final_norm, self.final_eps)[None]   # (1, n, H)
+                                 cached, keep, tap, taps, self.final_norm, self.final_eps,
+                                 self._c_keys_t)[None]   # (1, n, H)
         return hidden if not layers else (hidden, taps[None])
 
     def _forward_per_kernel(self, x, cos, sin, keep, cache, layers):
@@ -216,6 +224,7 @@ class RowwiseDraftHead:
         # the layer for the C decoder (``kernels.decoder``, one call): no input norm (norm1
         # NULL), its cache fields set per call
         self._c_layer = (kernels.Layer * 1)()
+        self._c_keys_t = (kernels.KeysT * 1)()
         c = self._c_layer[0]
         c.norm1, c.norm2, c.eps1, c.eps2, c.scale = None, self.norm.data_ptr(), 0.0, self.eps, self.scaling
         c.qkv, c.o, c.gate_up, c.down = (w.data.data_ptr() for w in (self.qkv, self.o, self.gate_up, self.down))
@@ -244,11 +253,14 @@ class RowwiseDraftHead:
         if slots is not None and slots[0][1].dtype == torch.float32:
             # the layer in one C call (the same kernels as below, ~0.2 ms less Python a forward)
             (cached, keys, values), = slots
-            c = self._c_layer[0]
+            kt, valid = cache.layers[0].keys_transposed()                   # (1, Hkv, C/16, d, 16), valid
+            c, t = self._c_layer[0], self._c_keys_t[0]
             c.keys, c.values, c.kv_head = keys.data_ptr(), values.data_ptr(), keys.stride(1)
+            t.keys_t, t.kt_head, t.valid = kt.data_ptr(), kt.stride(1), ctypes.addressof(valid)
             keep = None if attention_mask is None else attention_mask[0, 0].to(torch.uint8).contiguous()   # (T, S)
             out = kernels.decoder(x.contiguous(), self._c_layer, self.heads, self.kv_heads, d, self.inner,
-                                  cos, sin, cached, keep, tap=None, taps=None, final_norm=None, final_eps=0.0)
+                                  cos, sin, cached, keep, tap=None, taps=None, final_norm=None, final_eps=0.0,
+                                  keys_t=self._c_keys_t)
             return out[None]                                                              # (1, T, H) float32
         if slots is not None:                       # reserved for a cache in another dtype: undo, take the path below
             kv.crop(cache, slots[0][0])

@@ -49,6 +49,14 @@ class Layer(ctypes.Structure):
                 ("keys", ctypes.c_void_p), ("values", ctypes.c_void_p), ("kv_head", ctypes.c_long)]
 
 
+class KeysT(ctypes.Structure):
+    """``struct rowwise_keys_t``: one layer's keys transposed for attention
+    (``kv.PreallocatedLayer.keys_transposed``), passed to ``decoder`` beside the ``Layer``s
+    (a separate array, so that builds of older sources, which do not read it, still run)."""
+
+    _fields_ = [("keys_t", ctypes.c_void_p), ("kt_head", ctypes.c_long), ("valid", ctypes.c_void_p)]
+
+
 def isa() -> str | None:
     """The vector ISA to build for: amx (AVX-512 with native bfloat16 and AMX tiles),
     avx512bf16 (native bfloat16 dot products), avx512, avx2, or None (no kernels on this CPU)."""
@@ -143,7 +151,7 @@ def declare(lib, kind: str):
         ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
         ctypes.c_long, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
         ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p,
-        ctypes.c_int]
+        ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p]   # (older builds ignore the last three)
     lib.rowwise_group.restype = lib.rowwise_bf16_pairs.restype = ctypes.c_int
     try:
         lib.rowwise_block_rows.restype = ctypes.c_int
@@ -161,7 +169,7 @@ def declare(lib, kind: str):
         ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(Layer), ctypes.c_int, ctypes.c_int, ctypes.c_int,
         ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_float,
-        ctypes.c_void_p, ctypes.c_int]
+        ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]   # (older builds ignore the last)
     try:
         lib.rowwise_argmax1.restype, lib.rowwise_argmax1.argtypes = ctypes.c_long, [ctypes.c_void_p, ctypes.c_int]
         lib.rowwise_argmax.restype = lib.rowwise_top_probs.restype = None
@@ -381,12 +389,15 @@ def linear(x: torch.Tensor, weight: Packed) -> torch.Tensor:
 
 
 def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
-              scale: float) -> torch.Tensor:
+              scale: float, keys_t: tuple[torch.Tensor, ctypes.c_int] | None = None) -> torch.Tensor:
     """Softmax attention of each query row over the keys it may see, row- and head-wise.
 
     q (n, Hq, d) float32 with unit stride on d; keys, values (Hkv, L, d) with the same
     layout as each other, unit strides on d and L·d; mask (n, L) bool or uint8 (nonzero =
-    visible) or None (causal over the last n keys). Returns (n, Hq·d) float32."""
+    visible) or None (causal over the last n keys). keys_t: a kept transposed copy of the
+    keys and the position below which it is current (``kv.PreallocatedLayer.keys_transposed``),
+    brought up to L here; None: the keys are transposed for this call alone (the same
+    arithmetic). Returns (n, Hq·d) float32."""
     n, Hq, d = q.shape
     Hkv, L, _ = keys.shape
     assert keys.stride() == values.stride() and keys.stride()[1:] == (d, 1) and q.stride(-1) == 1
@@ -395,9 +406,14 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: t
     scratch = torch.empty(threads, Hq // Hkv, L + 16, dtype=torch.float32, device="cpu")
     if mask is not None and (mask.dtype != torch.uint8 or not mask.is_contiguous()):
         mask = mask.to(torch.uint8).contiguous()
+    kt, valid = keys_t if keys_t is not None else (None, None)
+    assert kt is None or (kt.dtype == torch.float32 and kt.is_contiguous() and kt.shape[-3:] == (kt.shape[-3], d, 16)
+                          and kt.shape[-3] * 16 >= L and kt.shape[-4] == Hkv)
     (_lib or load()).rowwise_attention(q.data_ptr(), q.stride(0), q.stride(1), keys.data_ptr(), values.data_ptr(),
                            keys.stride(0), n, Hq, Hkv, d, L, mask.data_ptr() if mask is not None else None,
-                           float(scale), out.data_ptr(), Hq * d, scratch.data_ptr(), threads)
+                           float(scale), out.data_ptr(), Hq * d, scratch.data_ptr(), threads,
+                           kt.data_ptr() if kt is not None else None, kt.stride(-4) if kt is not None else 0,
+                           ctypes.addressof(valid) if valid is not None else None)
     return out
 
 
@@ -430,7 +446,7 @@ def rope_(qkv: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin: 
 def decoder(x: torch.Tensor, layers, heads: int, kv_heads: int, head_dim: int, inner: int,
             cos: torch.Tensor, sin: torch.Tensor, cached: int, mask: torch.Tensor | None,
             tap: list[int] | None, taps: torch.Tensor | None, final_norm: torch.Tensor | None,
-            final_eps: float) -> torch.Tensor:
+            final_eps: float, keys_t=None) -> torch.Tensor:
     """The whole decoder stack over n rows in one call (``rowwise_decoder``): per layer
     RMSNorm, [q; k; v], RoPE, the new keys and values written into each layer's cache buffers
     at positions [cached, cached + n), attention, o-projection + residual, RMSNorm, SwiGLU MLP
@@ -441,7 +457,8 @@ def decoder(x: torch.Tensor, layers, heads: int, kv_heads: int, head_dim: int, i
     x (n, H) float32 contiguous, the embeddings (overwritten with the residual stream);
     layers a ``Layer`` array with its cache fields set; cos, sin (n, d) float32 contiguous;
     mask (n, cached + n) uint8 contiguous or None (causal); tap (len(layers),) -1 or a slot,
-    taps (n, slots·H) float32 contiguous receiving the tapped layers' inputs.
+    taps (n, slots·H) float32 contiguous receiving the tapped layers' inputs; keys_t a
+    ``KeysT`` array, one per layer, or None (attention transposes the keys each call).
     Returns (n, H) float32."""
     n, H = x.shape
     assert x.is_contiguous() and x.dtype == torch.float32
@@ -456,5 +473,5 @@ def decoder(x: torch.Tensor, layers, heads: int, kv_heads: int, head_dim: int, i
         cached, mask.data_ptr() if mask is not None else None, tap_arr,
         taps.data_ptr() if taps is not None else None, taps.stride(0) if taps is not None else 0,
         final_norm.data_ptr() if final_norm is not None else None, float(final_eps), out.data_ptr(),
-        torch.get_num_threads())
+        torch.get_num_threads(), keys_t)
     return out

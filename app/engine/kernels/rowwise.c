@@ -18,9 +18,10 @@
  *              block and its rows reuse them from registers); the arithmetic per element
  *              is the same in every block shape. On AMX, bfloat16 rows go in tiles of 16
  *              (see groups_amx).
- *   attention  for each (row, head): scores in key order, max, exp, sum in key order,
- *              output accumulated in key order; one (row, head) never looks at another,
- *              and keys a row may not see contribute exactly nothing.
+ *   attention  for each (row, head): scores in key order (each one FMA chain over the head
+ *              dimension, read from a transposed copy of the keys), max, exp, sum in key
+ *              order, output accumulated in key order; one (row, head) never looks at
+ *              another, and keys a row may not see contribute exactly nothing.
  *   rmsnorm, silu_mul, rope   row by row, element by element.
  *   decoder    the whole decoder stack in one call: the kernels above in the order the
  *              per-kernel Python path calls them, on the same data (no new arithmetic).
@@ -653,86 +654,67 @@ void rowwise_linear(const float *x, long ldx, int M, const void *w, int wfmt, in
 }
 
 /* ---- attention ---------------------------------------------------------------------- */
-static inline float dot(const float *a, const float *b, int d) {
-    v16 acc = v_zero();
-    int t = 0;
-    for (; t + 16 <= d; t += 16) acc = v_fma(v_load(a + t), v_load(b + t), acc);
-    float s = v_sum(acc);
-    for (; t < d; t++) s = fmaf(a[t], b[t], s);
-    return s;
+/* Keys transposed. A score q . k_j is a chain of d multiply-adds; with the keys as the cache
+ * stores them (position-major, d contiguous floats each) a vector of 16 lanes holds 16 of
+ * one key's d elements, and each score ends in a lane tree of shuffles, which cost more
+ * than the multiply-adds (~15 cycles per row, head and key against ~2 for the FMAs on a
+ * Zen 5 core: benchmarks/fast-forward/transposed-keys.md). So attention reads a second copy
+ * of the keys, transposed in tiles of 16 positions:
+ *   kt   (Hkv heads, tiles, d, 16): kt + g*kt_head + (j/16)*16*d + t*16 + j%16 = k[g][j][t]
+ * where 16 keys sit in the lanes and a score is one FMA chain over t = 0 .. d-1 in its own
+ * lane, the same for every key, row and number of rows. The copy is kept beside the cache
+ * (kv.PreallocatedLayer.key_t_buffer) and brought up to date here: positions below *valid
+ * are current, the rest are transposed from k before use. */
+static void transpose_keys(const float *k, long kv_head, float *kt, long kt_head, int Hkv, int d, int from,
+                           int to) {
+    for (int g = 0; g < Hkv; g++)
+        for (int j = from; j < to; j++) {
+            const float *src = k + (long)g * kv_head + (long)j * d;
+            float *dst = kt + (long)g * kt_head + (long)(j / 16) * 16 * d + j % 16;
+            for (int t = 0; t < d; t++) dst[t * 16] = src[t];
+        }
 }
-
-/* The fixed lane tree of v_sum, for four accumulators at once (one dot product each), in
- * shuffles: (l, l+8), (l, l+4), (l, l+2), (l, l+1). Returns the four sums. */
-#if defined(__AVX512F__)
-static inline __m128 sum4(__m512 c0, __m512 c1, __m512 c2, __m512 c3) {
-    /* (l, l+8): [k0 | k1] and [k2 | k3], 8 lanes each */
-    __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(c0, c1, 0x44), _mm512_shuffle_f32x4(c0, c1, 0xEE));
-    __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(c2, c3, 0x44), _mm512_shuffle_f32x4(c2, c3, 0xEE));
-    /* (l, l+4): [k0 | k1 | k2 | k3], 4 lanes each */
-    __m512 s4 = _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, 0x88), _mm512_shuffle_f32x4(s01, s23, 0xDD));
-    /* (l, l+2), then (l, l+1) inside each 128-bit quarter */
-    __m512 s2 = _mm512_add_ps(s4, _mm512_permute_ps(s4, 0x4E));
-    __m512 s1 = _mm512_add_ps(s2, _mm512_permute_ps(s2, 0xB1));
-    /* lane 0 of each quarter */
-    return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                                                                         12, 8, 4, 0), s1));
-}
-#else
-static inline __m128 sum4(v16 c0, v16 c1, v16 c2, v16 c3) {
-    /* (l, l+8): the two halves of each accumulator */
-    __m256 e0 = _mm256_add_ps(c0.lo, c0.hi), e1 = _mm256_add_ps(c1.lo, c1.hi),
-           e2 = _mm256_add_ps(c2.lo, c2.hi), e3 = _mm256_add_ps(c3.lo, c3.hi);
-    /* (l, l+4): [k0 | k1] and [k2 | k3], 4 lanes each */
-    __m256 s01 = _mm256_add_ps(_mm256_permute2f128_ps(e0, e1, 0x20), _mm256_permute2f128_ps(e0, e1, 0x31));
-    __m256 s23 = _mm256_add_ps(_mm256_permute2f128_ps(e2, e3, 0x20), _mm256_permute2f128_ps(e2, e3, 0x31));
-    /* (l, l+2): per 128-bit half [k0 k0 k2 k2] | [k1 k1 k3 k3] */
-    __m256 s2 = _mm256_add_ps(_mm256_shuffle_ps(s01, s23, 0x44), _mm256_shuffle_ps(s01, s23, 0xEE));
-    /* (l, l+1): per half [k0 k2 . .] | [k1 k3 . .] */
-    __m256 s1 = _mm256_add_ps(_mm256_shuffle_ps(s2, s2, 0x88), _mm256_shuffle_ps(s2, s2, 0xDD));
-    return _mm_unpacklo_ps(_mm256_castps256_ps128(s1), _mm256_extractf128_ps(s1, 1));   /* [k0 k1 k2 k3] */
-}
-#endif
 
 /* Scores of `na` query heads (1..4, a compile-time constant at each call) against the keys
- * [0, keys) of one key/value head: p[a][j] = scale * q_a . k_j, each dot product with
- * exactly dot()'s arithmetic (one FMA chain per lane over ascending chunks of 16, then the
- * lane tree), so a score does not depend on which other heads or rows share the call. A key
- * is loaded once for all na heads. d must be a multiple of 16. */
+ * [0, keys) of one key/value head, from its transposed tiles ktg:
+ *   p[a][j] = scale * (one FMA chain over t = 0 .. d-1 of q_a[t] k_j[t])
+ * for whole tiles of 16 keys (lanes past `keys` hold what the tile holds; the caller
+ * overwrites them). KT_TILES tiles at once give na * KT_TILES independent chains, enough to
+ * hide the FMA latency; a query element is broadcast once for all of them. */
+#if defined(__AVX512F__)
+#define KT_TILES 4                             /* 4 na accumulators + 4 tiles + na broadcasts */
+#else
+#define KT_TILES 1                             /* v16 is two ymm: 2 na + 2 + na of 16 */
+#endif
 static inline __attribute__((always_inline)) void scores_heads(
-        const float *const *qa, const int na, const float *kg, int d, int keys, float scale,
-        float *p, long ldp) {
-    int j = 0;
-    for (; j + 4 <= keys; j += 4) {   /* 4 keys x na heads: 4 na accumulators (AVX2, 16 ymm: na = 1) */
-        const float *kj = kg + (long)j * d;
-        v16 c[4][4];
+        const float *const *qa, const int na, const float *ktg, int d, int keys, float scale, float *p, long ldp) {
+    int tiles = (keys + 15) / 16, b = 0;
+    long tile = 16L * d;                       /* floats from one tile to the next */
+    for (; b + KT_TILES <= tiles; b += KT_TILES) {
+        const float *kb = ktg + b * tile;
+        v16 c[4][KT_TILES];
         for (int a = 0; a < na; a++)
-            for (int e = 0; e < 4; e++) c[a][e] = v_zero();
-        for (int t = 0; t < d; t += 16) {
-            v16 k0 = v_load(kj + t), k1 = v_load(kj + d + t), k2 = v_load(kj + 2 * d + t), k3 = v_load(kj + 3 * d + t);
+            for (int u = 0; u < KT_TILES; u++) c[a][u] = v_zero();
+        for (int t = 0; t < d; t++) {
+            v16 kt[KT_TILES];
+            for (int u = 0; u < KT_TILES; u++) kt[u] = v_load(kb + u * tile + t * 16);
             for (int a = 0; a < na; a++) {
-                v16 qt = v_load(qa[a] + t);
-                c[a][0] = v_fma(qt, k0, c[a][0]);
-                c[a][1] = v_fma(qt, k1, c[a][1]);
-                c[a][2] = v_fma(qt, k2, c[a][2]);
-                c[a][3] = v_fma(qt, k3, c[a][3]);
+                v16 qt = v_set1(qa[a][t]);
+                for (int u = 0; u < KT_TILES; u++) c[a][u] = v_fma(qt, kt[u], c[a][u]);
             }
         }
-        for (int a = 0; a < na; a++) {
-            float s4[4];
-            _mm_storeu_ps(s4, sum4(c[a][0], c[a][1], c[a][2], c[a][3]));
-            for (int e = 0; e < 4; e++) p[a * ldp + j + e] = scale * s4[e];
-        }
+        for (int a = 0; a < na; a++)
+            for (int u = 0; u < KT_TILES; u++) v_store(p + a * ldp + (b + u) * 16, v_mul(v_set1(scale), c[a][u]));
     }
-    for (; j < keys; j++) {                          /* one key x na heads */
-        const float *kj = kg + (long)j * d;
+    for (; b < tiles; b++) {                   /* the last tiles, one at a time: the same chains */
+        const float *kb = ktg + b * tile;
         v16 c[4];
         for (int a = 0; a < na; a++) c[a] = v_zero();
-        for (int t = 0; t < d; t += 16) {
-            v16 kt = v_load(kj + t);
-            for (int a = 0; a < na; a++) c[a] = v_fma(v_load(qa[a] + t), kt, c[a]);
+        for (int t = 0; t < d; t++) {
+            v16 kt = v_load(kb + t * 16);
+            for (int a = 0; a < na; a++) c[a] = v_fma(v_set1(qa[a][t]), kt, c[a]);
         }
-        for (int a = 0; a < na; a++) p[a * ldp + j] = scale * v_sum(c[a]);
+        for (int a = 0; a < na; a++) v_store(p + a * ldp + b * 16, v_mul(v_set1(scale), c[a]));
     }
 }
 
@@ -793,16 +775,31 @@ static inline __attribute__((always_inline)) void values_heads(
  *   mask    (n, L) bytes, nonzero = visible; NULL: row i sees keys j <= L - n + i (causal)
  *   out     (n, Hq*d), row stride ldo
  *   scratch (threads, Hq/Hkv, L + 16) floats
+ *   kt      the keys transposed (see transpose_keys), kt_head floats a head, current below
+ *           *kt_valid (set to L on return); NULL: transposed here into a buffer of this call
+ * The n new keys, at [L - n, L), are transposed again whatever *kt_valid says.
  * Masked keys get probability exactly 0 and are skipped, so a row's result is the same
  * whether the keys it does not see are absent (a decode step) or masked (a tree).
  * Work goes key/value head by key/value head (each head's keys and values, L d floats each,
  * stay in the L2 cache while every row reads them) and, within one, up to four query heads
- * at a time share each loaded key and value. Per element the arithmetic is dot()'s and one
- * FMA chain over ascending keys whatever n is or which heads share a pass. */
+ * at a time share each loaded key tile and value. Per element the arithmetic is
+ * scores_heads' chain and one FMA chain over ascending keys whatever n is or which heads
+ * share a pass. */
 void rowwise_attention(const float *q, long q_row, long q_head, const float *k, const float *v,
                        long kv_head, int n, int Hq, int Hkv, int d, int L, const uint8_t *mask,
-                       float scale, float *out, long ldo, float *scratch, int threads) {
+                       float scale, float *out, long ldo, float *scratch, int threads,
+                       float *kt, long kt_head, int *kt_valid) {
     int group = Hq / Hkv;
+    float *own = NULL;
+    int valid = kt && kt_valid ? *kt_valid : 0;
+    if (!kt) {
+        kt_head = (long)((L + 15) / 16) * 16 * d;
+        kt = own = (float *)malloc(sizeof(float) * Hkv * kt_head);
+    }
+    if (valid > L - n) valid = L - n;
+    if (valid < 0) valid = 0;
+    transpose_keys(k, kv_head, kt, kt_head, Hkv, d, valid, L);
+    if (kt_valid) *kt_valid = L;
     #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && n * Hkv > 1)
     for (int task = 0; task < n * Hkv; task++) {
         int g = task / n, i = task % n;               /* key/value head outer, row inner */
@@ -811,7 +808,7 @@ void rowwise_attention(const float *q, long q_row, long q_head, const float *k, 
 #else
         float *scr = scratch;
 #endif
-        const float *kg = k + (long)g * kv_head, *vg = v + (long)g * kv_head;
+        const float *ktg = kt + (long)g * kt_head, *vg = v + (long)g * kv_head;
         const uint8_t *row = mask ? mask + (long)i * L : NULL;
         int keys = mask ? L : L - n + i + 1;          /* causal: row i sees keys [0, keys) */
         long ldp = L + 16;
@@ -825,20 +822,11 @@ void rowwise_attention(const float *q, long q_row, long q_head, const float *k, 
                 oa[a] = out + (long)i * ldo + (long)h * d;
             }
             float *p = scr + (long)a0 * ldp;
-            if (d % 16 == 0) {
-#if defined(__AVX512F__)
-                switch (na) {
-                case 1: scores_heads(qa, 1, kg, d, keys, scale, p, ldp); break;
-                case 2: scores_heads(qa, 2, kg, d, keys, scale, p, ldp); break;
-                case 3: scores_heads(qa, 3, kg, d, keys, scale, p, ldp); break;
-                default: scores_heads(qa, 4, kg, d, keys, scale, p, ldp); break;
-                }
-#else
-                for (int a = 0; a < na; a++) scores_heads(qa + a, 1, kg, d, keys, scale, p + a * ldp, ldp);
-#endif
-            } else {
-                for (int a = 0; a < na; a++)
-                    for (int j = 0; j < keys; j++) p[a * ldp + j] = scale * dot(qa[a], kg + (long)j * d, d);
+            switch (na) {
+            case 1: scores_heads(qa, 1, ktg, d, keys, scale, p, ldp); break;
+            case 2: scores_heads(qa, 2, ktg, d, keys, scale, p, ldp); break;
+            case 3: scores_heads(qa, 3, ktg, d, keys, scale, p, ldp); break;
+            default: scores_heads(qa, 4, ktg, d, keys, scale, p, ldp); break;
             }
             for (int a = 0; a < na; a++) {            /* softmax numerators */
                 float *pa = p + a * ldp;
@@ -875,6 +863,7 @@ void rowwise_attention(const float *q, long q_row, long q_head, const float *k, 
             }
         }
     }
+    free(own);
 }
 
 /* ---- element-wise ------------------------------------------------------------------- */
@@ -958,6 +947,13 @@ struct rowwise_layer {
     long kv_head;                      /* floats from one key/value head to the next: capacity * d */
 };
 
+/* A layer's keys transposed for attention (transpose_keys), kept beside its cache. */
+struct rowwise_keys_t {
+    float *keys_t;                     /* (Hkv, capacity / 16, d, 16) float32 */
+    long kt_head;                      /* floats from one head to the next */
+    int *valid;                        /* keys_t is current below this position (updated here) */
+};
+
 /* The decoder stack over n rows at positions cached .. (the cache already holds `cached`
  * positions of every layer; this writes the n new ones at [cached, cached + n)).
  *   x         (n, H) the token embeddings; overwritten: the residual stream
@@ -966,6 +962,7 @@ struct rowwise_layer {
  *   tap       (layers,) -1, or the slot s at which layer l's input is copied to
  *   taps      (n, slots * H), row stride ldt (EAGLE-3's features; NULL when no tap)
  *   out       (n, H) the final RMSNorm of the last layer's output (its copy if final_norm is NULL)
+ *   kt        (layers,) each layer's transposed keys, or NULL (attention transposes per call)
  * Per layer, as RowwiseLlamaDecoder._forward_per_kernel does with one call per kernel:
  *   h = rmsnorm(x); qkv = h Wqkv^T; RoPE on q, k; k, v -> cache; a = attention(q, cache)
  *   x = x + a Wo^T;  h = rmsnorm(x); x = x + (silu(h Wg^T) * h Wu^T) Wd^T
@@ -973,7 +970,7 @@ struct rowwise_layer {
 void rowwise_decoder(float *x, int n, const struct rowwise_layer *layer, int layers, int H, int Hq, int Hkv,
                      int d, int I, const float *cos, const float *sin, int cached, const uint8_t *mask,
                      const int *tap, float *taps, long ldt, const float *final_norm, float final_eps,
-                     float *out, int threads) {
+                     float *out, int threads, const struct rowwise_keys_t *kt) {
     int Nqkv = (Hq + 2 * Hkv) * d, L = cached + n, group = Hq / Hkv;
     /* work space: qkv (n, Nqkv), attention output (n, Hq d), normed h (n, H), a product
      * to add (n, H), gate_up (n, 2I), silu * up (n, I), attention scratch */
@@ -1001,7 +998,8 @@ void rowwise_decoder(float *x, int n, const struct rowwise_layer *layer, int lay
                 memcpy(w->values + at, qkv + (long)i * Nqkv + (long)(Hq + Hkv + g) * d, sizeof(float) * d);
             }
         rowwise_attention(qkv, Nqkv, d, w->keys, w->values, w->kv_head, n, Hq, Hkv, d, L, mask, w->scale,
-                          att, (long)Hq * d, scratch, threads);
+                          att, (long)Hq * d, scratch, threads, kt ? kt[l].keys_t : NULL,
+                          kt ? kt[l].kt_head : 0, kt ? kt[l].valid : NULL);
         rowwise_linear(att, (long)Hq * d, n, w->o, w->wfmt, H, Hq * d, add, H, threads);
         for (long e = 0; e < nx; e++) x[e] = x[e] + add[e];
         /* MLP block */
