@@ -4,6 +4,7 @@ against fixed trees, interleaved prompt by prompt over the evaluation suites.
     python scripts/adaptive_ab.py --baseline 9823580 --limit 4 --threads 2
     python scripts/adaptive_ab.py --draft-weights head --fixed 3/2/2,4/2/8 --limit 2
     python scripts/adaptive_ab.py --max-chain 3 --fixed 3/3/1 --limit 2
+    python scripts/adaptive_ab.py --kernels HEAD --limit 4          # the same methods on HEAD's kernels
     ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 python scripts/adaptive_ab.py ...
 
 Every method decodes every prompt greedily (128 new tokens), the methods' order rotating from
@@ -13,7 +14,10 @@ same engine, the same candidates and priors), so a change to the bandit is measu
 what it replaced in one process. ``--draft-weights head`` adds the adaptive default and the
 fixed trees once more on a second engine over the same target whose draft reads the head's
 own weights (``Engine(draft_weights="head")``) instead of int8; ``--max-chain D`` adds the
-adaptive default with top-1 chains up to depth D among its candidates. Prints tokens per second of
+adaptive default with top-1 chains up to depth D among its candidates; ``--kernels REV`` (a git
+revision or a ``rowwise.c`` file) adds vanilla, the adaptive default and the fixed trees once
+more on that build of the kernels, swapped in for each of their generations, so that a
+kernel change is measured end to end against what it replaced. Prints tokens per second of
 each method (decoded tokens over the decoding steps' time, prefill excluded, pooled over the
 prompts), its ratio to vanilla, tokens per step, the median step and drafting time (medians:
 a neighbour's burst moves them less than the pooled rate), and how many steps each adaptive
@@ -65,11 +69,14 @@ def main() -> int:
     p.add_argument("--baseline", default=None, help="git revision of the adapter to compare against")
     p.add_argument("--fixed", default="3/2/2", help="fixed trees (total/depth/top_k list), with the default branch")
     p.add_argument("--limit", type=int, default=2, help="prompts per suite")
+    p.add_argument("--suites", default=",".join(SUITES), help="comma-separated evaluation suites")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dtype", default="auto")
     p.add_argument("--max-chain", type=int, default=None,
                    help="also run the adaptive default with top-1 chains up to this depth among its candidates")
+    p.add_argument("--kernels", default=None, metavar="REV",
+                   help="also run vanilla, adaptive and the fixed trees on the kernels of this git revision or .c file")
     p.add_argument("--draft-weights", choices=("head",), default=None,
                    help="also run the adaptive and fixed trees with the draft on the head's own weights")
     args = p.parse_args()
@@ -101,7 +108,16 @@ def main() -> int:
         for tree in fixed:
             methods[f"{TreeShape.of(tree)}+lookup{lookup}, {args.draft_weights} weights"] = \
                 lambda tree=tree: (other, tree, None)
-    prompts = [q for suite in SUITES for q in load_suite(suite, args.limit)]
+    swapped = {}                                  # method name -> the kernels library it runs on
+    if args.kernels:
+        spec = importlib.util.spec_from_file_location("forward_kernels", ROOT / "scripts" / "forward_kernels.py")
+        forward_kernels = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(forward_kernels)
+        lib = forward_kernels.baseline_kernels(args.kernels)
+        for name in ["vanilla", "adaptive"] + [f"{TreeShape.of(tree)}+lookup{lookup}" for tree in fixed]:
+            methods[f"{name}@{args.kernels}"] = methods[name]
+            swapped[f"{name}@{args.kernels}"] = lib
+    prompts = [q for suite in args.suites.split(",") for q in load_suite(suite, args.limit)]
     isa = [f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16") if f in kernels.cpu_flags()]
     print(f"# {_machine()}; flags {' '.join(isa)}; fast kernels {kernels.load().kind}; dtype {engine.target.dtype}, "
           f"{args.threads} threads, {len(prompts)} prompts, load average at start {os.getloadavg()[0]:.2f}")
@@ -112,6 +128,8 @@ def main() -> int:
     for i, prompt in enumerate(prompts):
         for name in names[i % len(names):] + names[:i % len(names)]:
             runner, tree, bandit = methods[name]()
+            own = kernels._lib
+            kernels._lib = swapped.get(name, own)
             for event in runner.generate(prompt.text, tree=tree, sampling=SamplingConfig(),
                                          max_new_tokens=args.max_new_tokens, adapt=bandit):
                 if event.type == "summary" or event.prefill:
@@ -123,7 +141,11 @@ def main() -> int:
                 draft_ms[name].append(event.draft_ms)
                 if bandit is not None:
                     used[name][TreeShape.key(event.tree_config)] += 1
+            kernels._lib = own
     base = tokens["vanilla"] / seconds["vanilla"]
+    if args.kernels:
+        print(f"\n(methods named @{args.kernels} ran on its kernels; their 'x vanilla' is against today's vanilla: "
+              f"vanilla@{args.kernels} is the row for the ratio within that build)")
     print("\n| method | tokens/s | x vanilla | tokens a step | ms a step (median) | of it drafting (median) | "
           "steps per tree |\n|---|---|---|---|---|---|---|")
     for name in names:
