@@ -656,10 +656,10 @@ void rowwise_linear(const float *x, long ldx, int M, const void *w, int wfmt, in
 /* ---- attention ---------------------------------------------------------------------- */
 /* Keys transposed. A score q . k_j is a chain of d multiply-adds; with the keys as the cache
  * stores them (position-major, d contiguous floats each) a vector of 16 lanes holds 16 of
- * one key's d elements, and each score ends in a lane tree of shuffles, which cost more
- * than the multiply-adds (~15 cycles per row, head and key against ~2 for the FMAs on a
- * Zen 5 core: benchmarks/fast-forward/transposed-keys.md). So attention reads a second copy
- * of the keys, transposed in tiles of 16 positions:
+ * one key's d elements, and each score ends in a lane tree of shuffles and a scalar store,
+ * more instructions than its multiply-adds. So attention reads a second copy of the keys,
+ * transposed in tiles of 16 positions (2-4% off a tree step at 900 cached positions, and
+ * off a plain one on long prompts: benchmarks/fast-forward/transposed-keys.md):
  *   kt   (Hkv heads, tiles, d, 16): kt + g*kt_head + (j/16)*16*d + t*16 + j%16 = k[g][j][t]
  * where 16 keys sit in the lanes and a score is one FMA chain over t = 0 .. d-1 in its own
  * lane, the same for every key, row and number of rows. The copy is kept beside the cache
