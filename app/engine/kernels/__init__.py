@@ -389,15 +389,14 @@ def linear(x: torch.Tensor, weight: Packed) -> torch.Tensor:
 
 
 def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
-              scale: float, keys_t: tuple[torch.Tensor, ctypes.c_int] | None = None) -> torch.Tensor:
+              scale: float) -> torch.Tensor:
     """Softmax attention of each query row over the keys it may see, row- and head-wise.
 
     q (n, Hq, d) float32 with unit stride on d; keys, values (Hkv, L, d) with the same
     layout as each other, unit strides on d and L·d; mask (n, L) bool or uint8 (nonzero =
-    visible) or None (causal over the last n keys). keys_t: a kept transposed copy of the
-    keys and the position below which it is current (``kv.PreallocatedLayer.keys_transposed``),
-    brought up to L here; None: the keys are transposed for this call alone (the same
-    arithmetic). Returns (n, Hq·d) float32."""
+    visible) or None (causal over the last n keys). The keys are transposed for this call
+    (``decoder`` reads a copy kept beside the cache instead; the same arithmetic).
+    Returns (n, Hq·d) float32."""
     n, Hq, d = q.shape
     Hkv, L, _ = keys.shape
     assert keys.stride() == values.stride() and keys.stride()[1:] == (d, 1) and q.stride(-1) == 1
@@ -406,14 +405,9 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: t
     scratch = torch.empty(threads, Hq // Hkv, L + 16, dtype=torch.float32, device="cpu")
     if mask is not None and (mask.dtype != torch.uint8 or not mask.is_contiguous()):
         mask = mask.to(torch.uint8).contiguous()
-    kt, valid = keys_t if keys_t is not None else (None, None)
-    assert kt is None or (kt.dtype == torch.float32 and kt.is_contiguous() and kt.shape[-3:] == (kt.shape[-3], d, 16)
-                          and kt.shape[-3] * 16 >= L and kt.shape[-4] == Hkv)
     (_lib or load()).rowwise_attention(q.data_ptr(), q.stride(0), q.stride(1), keys.data_ptr(), values.data_ptr(),
                            keys.stride(0), n, Hq, Hkv, d, L, mask.data_ptr() if mask is not None else None,
-                           float(scale), out.data_ptr(), Hq * d, scratch.data_ptr(), threads,
-                           kt.data_ptr() if kt is not None else None, kt.stride(-4) if kt is not None else 0,
-                           ctypes.addressof(valid) if valid is not None else None)
+                           float(scale), out.data_ptr(), Hq * d, scratch.data_ptr(), threads, None, 0, None)
     return out
 
 
