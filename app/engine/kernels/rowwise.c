@@ -404,21 +404,25 @@ int rowwise_int8(void) { return 1; }
 #define CASE_block_i8(R) CASE(block_i8, R)
 
 /* Every row block of x against groups [g0, g1): a group stays in the L2 cache while the
- * row blocks pass over it, so a long input (a prefill) still reads the weights once. */
+ * row blocks pass over it, so a long input (a prefill) still reads the weights once. More
+ * rows than one block are split evenly (5 rows of a 4-row block as 3 + 2, not 4 + 1): a
+ * block of one row has GV accumulator chains, too few to hide the FMA latency, so it took
+ * nearly a full block's time. The split changes which rows share registers, never a chain. */
 #define DEFINE_GROUPS(NAME, WT, BLOCK, KROWS)                                                 \
 static void NAME(const float *x, long ldx, int M, const WT *w, int g0, int g1, int N, int K,  \
                  float *y, long ldy) {                                                        \
     int nb = (M + MB - 1) / MB;                          /* row blocks per group */          \
+    int per = (M + nb - 1) / nb;                         /* rows a block, at most MB */       \
     long next_step = ((long)G << 8) / nb;                /* elements a step, times 256 */     \
     long kg = (long)KROWS(K) * G;                         /* elements a group */               \
     for (int g = g0; g < g1; g++) {                                                           \
         const WT *wg = w + g * kg;                                                            \
         int ncols = N - g * G < G ? N - g * G : G;                                            \
-        for (int m = 0; m < M; m += MB) {                                                     \
+        for (int m = 0; m < M; m += per) {                                                    \
             const float *xb = x + (long)m * ldx;                                              \
             float *yb = y + (long)m * ldy + (long)g * G;                                      \
-            const WT *next = nb > 1 && g + 1 < g1 ? wg + kg + (m / MB) * kg / nb : NULL;      \
-            switch (M - m < MB ? M - m : MB) { UP_TO_MB(CASE_##BLOCK) }                      \
+            const WT *next = nb > 1 && g + 1 < g1 ? wg + kg + (m / per) * kg / nb : NULL;     \
+            switch (M - m < per ? M - m : per) { UP_TO_MB(CASE_##BLOCK) }                    \
         }                                                                                     \
     }                                                                                         \
 }
@@ -467,16 +471,17 @@ static inline __attribute__((always_inline)) void block_dp(
 static void groups_dp(const uint32_t *xp, int M, const uint16_t *w, int g0, int g1, int N, int Kp,
                       float *y, long ldy) {
     int nb = (M + MB - 1) / MB;                          /* row blocks per group */
+    int per = (M + nb - 1) / nb;                         /* rows a block: split evenly, as above */
     long next_step = ((long)G * 2 << 8) / nb;            /* elements a k-pair, times 256 */
     long kg = (long)Kp * G * 2;                          /* elements a group */
     for (int g = g0; g < g1; g++) {
         const uint16_t *wg = w + g * kg;
         int ncols = N - g * G < G ? N - g * G : G;
-        for (int m = 0; m < M; m += MB) {
+        for (int m = 0; m < M; m += per) {
             const uint32_t *xb = xp + (long)m * Kp;
             float *yb = y + (long)m * ldy + (long)g * G;
-            const uint16_t *next = nb > 1 && g + 1 < g1 ? wg + kg + (m / MB) * kg / nb : NULL;
-            switch (M - m < MB ? M - m : MB) { UP_TO_MB(CASE_DP) }
+            const uint16_t *next = nb > 1 && g + 1 < g1 ? wg + kg + (m / per) * kg / nb : NULL;
+            switch (M - m < per ? M - m : per) { UP_TO_MB(CASE_DP) }
         }
     }
 }
