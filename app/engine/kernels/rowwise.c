@@ -724,9 +724,12 @@ static inline __attribute__((always_inline)) void scores_heads(
 }
 
 /* o_a = sum_j p[a][j] v_j over ascending j, for `na` heads (1..4, compile-time) sharing one
- * value head: each output element is the same FMA chain as one head alone would give
- * (a zero p adds an exact zero: acc starts at +0 and never becomes -0), and a value row is
- * loaded once for all na heads; keys whose p is zero for every head are skipped. */
+ * value head: each output element is the same FMA chain as one head alone would give, and a
+ * value row is loaded once for all na heads. A zero p (a masked key) adds an exact zero to
+ * the chain and to the denominator (acc starts at +0 and never becomes -0; values are
+ * finite), so every key is visited, with no test: skipping keys whose p was zero for every
+ * head cost a compare and a branch a key, and under AVX2 a forward over 8 rows at 900 cached
+ * positions took 0.9 ms longer for it (benchmarks/fast-forward/attention-no-skip.md). */
 #if defined(__AVX512F__)
 #define PV_VECS 4                              /* 4 na accumulators + 4 values of 16 floats */
 #else
@@ -748,9 +751,6 @@ static inline __attribute__((always_inline)) void values_heads(
         for (int a = 0; a < na; a++)
             for (int u = 0; u < PV_VECS; u++) acc[a][u] = v_zero();
         for (int j = 0; j < keys; j++) {
-            int any = 0;
-            for (int a = 0; a < na; a++) any |= p[a * ldp + j] != 0.0f;
-            if (!any) continue;
             const float *vj = vg + (long)j * d + t;
             v16 vv[PV_VECS];
             for (int u = 0; u < PV_VECS; u++) vv[u] = v_load(vj + 16 * u);
@@ -769,7 +769,7 @@ static inline __attribute__((always_inline)) void values_heads(
         for (int a = 0; a < na; a++) {
             v16 acc = v_zero();
             for (int j = 0; j < keys; j++)
-                if (p[a * ldp + j] != 0.0f) acc = v_fma(v_set1(p[a * ldp + j]), v_load(vg + (long)j * d + t), acc);
+                acc = v_fma(v_set1(p[a * ldp + j]), v_load(vg + (long)j * d + t), acc);
             v_store(oa[a] + t, v_mul(acc, v_set1(inv[a])));
         }
 }
@@ -783,8 +783,8 @@ static inline __attribute__((always_inline)) void values_heads(
  *   kt      the keys transposed (see transpose_keys), kt_head floats a head, current below
  *           *kt_valid (set to L on return); NULL: transposed here into a buffer of this call
  * The n new keys, at [L - n, L), are transposed again whatever *kt_valid says.
- * Masked keys get probability exactly 0 and are skipped, so a row's result is the same
- * whether the keys it does not see are absent (a decode step) or masked (a tree).
+ * Masked keys get probability exactly 0, which adds exact zeros, so a row's result is the
+ * same whether the keys it does not see are absent (a decode step) or masked (a tree).
  * Work goes key/value head by key/value head (each head's keys and values, L d floats each,
  * stay in the L2 cache while every row reads them) and, within one, up to four query heads
  * at a time share each loaded key tile and value. Per element the arithmetic is
@@ -862,7 +862,7 @@ void rowwise_attention(const float *q, long q_row, long q_head, const float *k, 
                     for (int t = 0; t < d; t++) {
                         float acc = 0.0f, *pa = p + a * ldp;
                         for (int j = 0; j < keys; j++)
-                            if (pa[j] != 0.0f) acc = fmaf(pa[j], vg[(long)j * d + t], acc);
+                            acc = fmaf(pa[j], vg[(long)j * d + t], acc);
                         oa[a][t] = acc * inv[a];
                     }
             }
