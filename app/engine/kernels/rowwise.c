@@ -227,20 +227,32 @@ static inline vn n_bf16_hi(const uint16_t *p) {
  * 47.2 -> 41.6 ms, 2 threads). A prefetch is only a hint: no arithmetic changes, exactness
  * is untouched. */
 #define PREFETCH_BYTES 6144
-#define PREFETCH_WEIGHTS(p) __builtin_prefetch((const char *)(p) + PREFETCH_BYTES, 0, 3)
+#define PREFETCH_WEIGHTS_AT(p, LOC) __builtin_prefetch((const char *)(p) + PREFETCH_BYTES, 0, LOC)
+/* A target's weights (float32, bfloat16) are read once a forward, 270-540 MB that pass through
+ * the caches every step and push out what the step reads again: the KV cache (41 MB at 900
+ * positions), the draft head's weights (~9 MB in int8), the activations. Where one row block
+ * covers the step's rows, so that nothing reads a group again, they are asked for as
+ * non-temporal (locality 0). End to end, interleaved with the previous build, the trees ran
+ * 1-4% faster natively and 2% under AVX2, plain decoding 0-7% and 1-4%, drafting up to
+ * 0.09 ms less a step, in every run (benchmarks/fast-forward/streamed-weights.md). With more
+ * rows, later blocks re-read the group from L2, which a non-temporal line may have left (the
+ * Xeon's T(8) was slower so), and the draft head's int8 weights, read again next step, keep
+ * locality 3. */
+#define STREAM_WEIGHTS(p, stream) \
+    do { if (stream) PREFETCH_WEIGHTS_AT(p, 0); else PREFETCH_WEIGHTS_AT(p, 3); } while (0)
 /* ...for every 64-byte line of a step's BYTES (a compile-time constant, so the loop unrolls).
  * A step of an AVX-512 block reads 3 lines (GV vectors of 64 bytes); one prefetch a step left
  * two of every three lines to the hardware prefetcher. On a Zen 5 EPYC, whose cores each read
  * 2-3 times as fast as the Xeon's, the forward's T(8) with native bfloat16 went from 9.3 to
  * 7.4 ms with all three asked for, interleaved (benchmarks/fast-forward/prefetch-every-line.md). */
 #if VW == 16
-#define PREFETCH_STEP(p, BYTES) \
-    do { for (int l_ = 0; l_ < (BYTES); l_ += 64) PREFETCH_WEIGHTS((const char *)(p) + l_); } while (0)
+#define PREFETCH_STEP(p, BYTES, stream) \
+    do { for (int l_ = 0; l_ < (BYTES); l_ += 64) STREAM_WEIGHTS((const char *)(p) + l_, stream); } while (0)
 #else
 /* AVX2: a step is 24-96 bytes, and one prefetch a step is what prefetch-avx2.md measured; a
  * second for float32's 96-byte step measured no better under AVX2 emulation (T(1) 15.1
  * against 14.3 ms, T(8) 17.3 against 17.7, interleaved: within the VM's noise) */
-#define PREFETCH_STEP(p, BYTES) PREFETCH_WEIGHTS(p)
+#define PREFETCH_STEP(p, BYTES, stream) STREAM_WEIGHTS(p, stream)
 #endif
 /* With more rows than one block (MB), a group's later blocks read it from the cache; without
  * more, nothing would stream from memory while they compute. So every block of a group also
@@ -300,12 +312,12 @@ int rowwise_vector_width(void) { return VW; }
 #define DEFINE_BLOCK(NAME, WT, LOAD)                                                          \
 static inline __attribute__((always_inline)) void NAME(                                       \
         const float *x, long ldx, const WT *wg, float *y, long ldy, int K, int ncols,         \
-        const int mb, const WT *next, long next_step) {                                       \
+        const int mb, const WT *next, long next_step, int stream) {                           \
     vn acc[MB][GV];                                                                           \
     for (int i = 0; i < mb; i++)                                                              \
         for (int v = 0; v < GV; v++) acc[i][v] = n_zero();                                    \
     for (int k = 0; k < K; k++) {                                                             \
-        PREFETCH_STEP(wg + (long)k * G, G * (int)sizeof(WT));                                  \
+        PREFETCH_STEP(wg + (long)k * G, G * (int)sizeof(WT), stream);                          \
         PREFETCH_NEXT(k);                                                                     \
         BLOCK_STEP(k, LOAD(wg + (long)k * G + v * VW))                                        \
     }                                                                                         \
@@ -328,7 +340,7 @@ DEFINE_BLOCK(block_f32, float, n_load)
  * the float32 one, k ascending: the bits do not depend on the layout. */
 static inline __attribute__((always_inline)) void block_bf16(
         const float *x, long ldx, const uint16_t *wg, float *y, long ldy, int K, int ncols,
-        const int mb, const uint16_t *next, long next_step) {
+        const int mb, const uint16_t *next, long next_step, int stream) {
     vn acc[MB][GV];
     for (int i = 0; i < mb; i++)
         for (int v = 0; v < GV; v++) acc[i][v] = n_zero();
@@ -337,7 +349,7 @@ static inline __attribute__((always_inline)) void block_bf16(
     int k = 0;
     for (; k + 2 <= K; k += 2) {
         const uint16_t *pair = wg + (long)k * G;
-        PREFETCH_STEP(pair, 2 * G * 2);
+        PREFETCH_STEP(pair, 2 * G * 2, stream);
         PREFETCH_NEXT(k);
         BLOCK_STEP(k, n_bf16_lo(pair + v * 2 * VW))
         BLOCK_STEP(k + 1, n_bf16_hi(pair + v * 2 * VW))
@@ -348,7 +360,7 @@ static inline __attribute__((always_inline)) void block_bf16(
      * left gcc spilling accumulators), the upper words loaded 4 words early for an even row */
     const uint16_t *row = wg - 4;
     for (int k = 0; k < K; k++) {
-        PREFETCH_WEIGHTS(row);
+        STREAM_WEIGHTS(row, stream);
         PREFETCH_NEXT(k);
         BLOCK_STEP(k, n_bf16_hi(row + v * 2 * VW))
         row += k & 1 ? 2 * G - 4 : 4;           /* odd k: on to the next pair, 4 words early */
@@ -378,7 +390,7 @@ static inline vn n_i8(const int8_t *p) {
 DEFINE_BLOCK(block_i8, int8_t, n_i8)
 int rowwise_int8(void) { return 1; }
 
-#define CASE(BLOCK, R) case R: BLOCK(xb, ldx, wg, yb, ldy, K, ncols, R, next, next_step); break;
+#define CASE(BLOCK, R) case R: BLOCK(xb, ldx, wg, yb, ldy, K, ncols, R, next, next_step, stream); break;
 /* one case per row count 1..MB, each a block unrolled for that many rows */
 #define UP_TO_MB(C) C(1) C(2) C(3) C(4) IF_MB_5(C(5) C(6)) IF_MB_7(C(7) C(8)) IF_MB_9(C(9) C(10) C(11) C(12))
 #if MB > 4
@@ -408,10 +420,11 @@ int rowwise_int8(void) { return 1; }
  * rows than one block are split evenly (5 rows of a 4-row block as 3 + 2, not 4 + 1): a
  * block of one row has GV accumulator chains, too few to hide the FMA latency, so it took
  * nearly a full block's time. The split changes which rows share registers, never a chain. */
-#define DEFINE_GROUPS(NAME, WT, BLOCK, KROWS)                                                 \
+#define DEFINE_GROUPS(NAME, WT, BLOCK, KROWS, STREAMS)                                        \
 static void NAME(const float *x, long ldx, int M, const WT *w, int g0, int g1, int N, int K,  \
                  float *y, long ldy) {                                                        \
     int nb = (M + MB - 1) / MB;                          /* row blocks per group */          \
+    int stream = STREAMS && nb == 1;                     /* non-temporal weights (above) */   \
     int per = (M + nb - 1) / nb;                         /* rows a block, at most MB */       \
     long next_step = ((long)G << 8) / nb;                /* elements a step, times 256 */     \
     long kg = (long)KROWS(K) * G;                         /* elements a group */               \
@@ -429,9 +442,9 @@ static void NAME(const float *x, long ldx, int M, const WT *w, int g0, int g1, i
 
 #define K_AS_IS(K) (K)
 #define K_EVEN(K) (((K) + 1) & ~1)
-DEFINE_GROUPS(groups_f32, float, block_f32, K_AS_IS)
-DEFINE_GROUPS(groups_bf16, uint16_t, block_bf16, K_EVEN)    /* k-pairs: K padded to even */
-DEFINE_GROUPS(groups_i8, int8_t, block_i8, K_AS_IS)
+DEFINE_GROUPS(groups_f32, float, block_f32, K_AS_IS, 1)
+DEFINE_GROUPS(groups_bf16, uint16_t, block_bf16, K_EVEN, 1)    /* k-pairs: K padded to even */
+DEFINE_GROUPS(groups_i8, int8_t, block_i8, K_AS_IS, 0)         /* the draft head's: kept */
 
 /* Native bfloat16 (AVX512-BF16): VDPBF16PS multiplies pairs of bfloat16 and adds both
  * products into a float32 lane, twice the multiply-adds of an FMA per instruction. The
@@ -450,13 +463,13 @@ static inline uint16_t f32_to_bf16(float f) {           /* round to nearest even
 
 static inline __attribute__((always_inline)) void block_dp(
         const uint32_t *xp, long ldxp, const uint16_t *wg, float *y, long ldy, int Kp, int ncols,
-        const int mb, const uint16_t *next, long next_step) {
+        const int mb, const uint16_t *next, long next_step, int stream) {
     __m512 acc[MB][GV];
     for (int i = 0; i < mb; i++)
         for (int v = 0; v < GV; v++) acc[i][v] = _mm512_setzero_ps();
     for (int k = 0; k < Kp; k++) {
         __m512i wv[GV];
-        PREFETCH_STEP(wg + (long)k * G * 2, 2 * G * 2);
+        PREFETCH_STEP(wg + (long)k * G * 2, 2 * G * 2, stream);
         PREFETCH_NEXT(k);
         for (int v = 0; v < GV; v++) wv[v] = _mm512_loadu_si512((const void *)(wg + ((long)k * G + v * VW) * 2));
         for (int i = 0; i < mb; i++) {
@@ -467,11 +480,12 @@ static inline __attribute__((always_inline)) void block_dp(
     store_block(y, ldy, acc, mb, ncols);                /* vn is __m512 on AVX-512 */
 }
 
-#define CASE_DP(R) case R: block_dp(xb, Kp, wg, yb, ldy, Kp, ncols, R, next, next_step); break;
+#define CASE_DP(R) case R: block_dp(xb, Kp, wg, yb, ldy, Kp, ncols, R, next, next_step, stream); break;
 static void groups_dp(const uint32_t *xp, int M, const uint16_t *w, int g0, int g1, int N, int Kp,
                       float *y, long ldy) {
     int nb = (M + MB - 1) / MB;                          /* row blocks per group */
     int per = (M + nb - 1) / nb;                         /* rows a block: split evenly, as above */
+    int stream = nb == 1;                                /* non-temporal weights (above) */
     long next_step = ((long)G * 2 << 8) / nb;            /* elements a k-pair, times 256 */
     long kg = (long)Kp * G * 2;                          /* elements a group */
     for (int g = g0; g < g1; g++) {
