@@ -5,6 +5,7 @@ against fixed trees, interleaved prompt by prompt over the evaluation suites.
     python scripts/adaptive_ab.py --draft-weights head --fixed 3/2/2,4/2/8 --limit 2
     python scripts/adaptive_ab.py --max-chain 3 --fixed 3/3/1 --limit 2
     python scripts/adaptive_ab.py --kernels HEAD --limit 4          # the same methods on HEAD's kernels
+    python scripts/adaptive_ab.py --variant decay=0.1 --variant explore_every=24 --limit 4
     ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 python scripts/adaptive_ab.py ...
 
 Every method decodes every prompt greedily (128 new tokens), the methods' order rotating from
@@ -14,7 +15,8 @@ same engine, the same candidates and priors), so a change to the bandit is measu
 what it replaced in one process. ``--draft-weights head`` adds the adaptive default and the
 fixed trees once more on a second engine over the same target whose draft reads the head's
 own weights (``Engine(draft_weights="head")``) instead of int8; ``--max-chain D`` adds the
-adaptive default with top-1 chains up to depth D among its candidates; ``--kernels REV`` (a git
+adaptive default with top-1 chains up to depth D among its candidates; ``--variant`` adds it with
+other ``TreeAdapter`` settings (its estimates' decay, how often it explores); ``--kernels REV`` (a git
 revision or a ``rowwise.c`` file) adds vanilla, the adaptive default and the fixed trees once
 more on that build of the kernels, swapped in for each of their generations, so that a
 kernel change is measured end to end against what it replaced. Prints tokens per second of
@@ -75,6 +77,8 @@ def main() -> int:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--max-chain", type=int, default=None,
                    help="also run the adaptive default with top-1 chains up to this depth among its candidates")
+    p.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
+                   help="add the adaptive default with these TreeAdapter settings (e.g. decay=0.1,explore_every=24); repeatable")
     p.add_argument("--kernels", default=None, metavar="REV",
                    help="also run vanilla, adaptive and the fixed trees on the kernels of this git revision or .c file")
     p.add_argument("--draft-weights", choices=("head",), default=None,
@@ -98,6 +102,10 @@ def main() -> int:
         deeper = adapt.default_candidates(best, max_chain=args.max_chain, base=replace(TreeConfig(), lookup=lookup))
         methods[f"adaptive, chains to {args.max_chain}"] = lambda: (
             engine, start, adapt.TreeAdapter(deeper, prior_tau=adapter.prior_tau))
+    for variant in args.variant:
+        settings = {k: float(v) if "." in v else int(v) for k, v in (kv.split("=") for kv in variant.split(","))}
+        methods[f"adaptive, {variant}"] = lambda settings=settings: (
+            engine, start, adapt.TreeAdapter(adapter.candidates, prior_tau=adapter.prior_tau, **settings))
     fixed = [replace(TreeShape.parse(spec).config("dynamic"), lookup=lookup) for spec in filter(None, args.fixed.split(","))]
     for tree in fixed:
         methods[f"{TreeShape.of(tree)}+lookup{lookup}"] = lambda tree=tree: (engine, tree, None)
