@@ -36,6 +36,7 @@
  * without BF16, with or without AMX tiles) or AVX2 + FMA (chosen at run time), and called
  * through ctypes.
  */
+#include <cpuid.h>
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
@@ -240,6 +241,17 @@ static inline vn n_bf16_hi(const uint16_t *p) {
  * locality 3. */
 #define STREAM_WEIGHTS(p, stream) \
     do { if (stream) PREFETCH_WEIGHTS_AT(p, 0); else PREFETCH_WEIGHTS_AT(p, 3); } while (0)
+/* Measured on AMD only. On the Intel Xeon with AMX a non-temporal prefetch of the weights
+ * (there in the tile loop, into L1 only) doubled the forward (adaptive.md), so other vendors
+ * keep locality 3 everywhere. */
+static int weights_nt = -1;
+static int stream_weights(void) {
+    if (weights_nt < 0) {
+        unsigned a, b, c, d;
+        weights_nt = __get_cpuid(0, &a, &b, &c, &d) && b == 0x68747541u;   /* "Auth"enticAMD */
+    }
+    return weights_nt;
+}
 /* ...for every 64-byte line of a step's BYTES (a compile-time constant, so the loop unrolls).
  * A step of an AVX-512 block reads 3 lines (GV vectors of 64 bytes); one prefetch a step left
  * two of every three lines to the hardware prefetcher. On a Zen 5 EPYC, whose cores each read
@@ -424,7 +436,7 @@ int rowwise_int8(void) { return 1; }
 static void NAME(const float *x, long ldx, int M, const WT *w, int g0, int g1, int N, int K,  \
                  float *y, long ldy) {                                                        \
     int nb = (M + MB - 1) / MB;                          /* row blocks per group */          \
-    int stream = STREAMS && nb == 1;                     /* non-temporal weights (above) */   \
+    int stream = STREAMS && nb == 1 && stream_weights(); /* non-temporal weights (above) */   \
     int per = (M + nb - 1) / nb;                         /* rows a block, at most MB */       \
     long next_step = ((long)G << 8) / nb;                /* elements a step, times 256 */     \
     long kg = (long)KROWS(K) * G;                         /* elements a group */               \
@@ -485,7 +497,7 @@ static void groups_dp(const uint32_t *xp, int M, const uint16_t *w, int g0, int 
                       float *y, long ldy) {
     int nb = (M + MB - 1) / MB;                          /* row blocks per group */
     int per = (M + nb - 1) / nb;                         /* rows a block: split evenly, as above */
-    int stream = nb == 1;                                /* non-temporal weights (above) */
+    int stream = nb == 1 && stream_weights();            /* non-temporal weights (above) */
     long next_step = ((long)G * 2 << 8) / nb;            /* elements a k-pair, times 256 */
     long kg = (long)Kp * G * 2;                          /* elements a group */
     for (int g = g0; g < g1; g++) {
