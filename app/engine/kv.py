@@ -170,10 +170,9 @@ class PreallocatedLayer(DynamicLayer):
             new = old.new_empty(*old.shape[:2], capacity, old.shape[-1])
             new[:, :, :self.length] = old[:, :, :self.length]
             setattr(self, name, new)
-        if self.key_t_buffer is not None:        # tiles do not depend on the capacity: copy the current ones
-            old, tiles = self.key_t_buffer, -(-self.key_t_valid.value // 16)
-            self.key_t_buffer = old.new_empty(*old.shape[:2], -(-capacity // 16), *old.shape[3:])
-            self.key_t_buffer[:, :, :tiles] = old[:, :, :tiles]
+        # the transposed copy is made again at the new capacity, current nowhere (a cache grows
+        # rarely; the next attention transposes every position once)
+        self.key_t_buffer, self.key_t_valid.value = None, 0
         self.capacity = capacity
 
     def get_seq_length(self) -> int:
