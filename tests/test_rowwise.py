@@ -235,6 +235,31 @@ def test_the_heads_forward_without_a_mask_is_causal_over_its_cache(dtype, int8):
             assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_embedding_lookup_is_torchs_bit_for_bit(dtype):
+    """``kernels.embed`` (the fast forward's first step) gives index_select's rows widened to
+    float32, exactly; a token id outside the table is an error, not a read past it."""
+    kernels.load()
+    table = (torch.randn(300, 40, generator=torch.Generator().manual_seed(3)) * 4).to(dtype)
+    ids = [0, 299, 7, 7, 123]
+    assert torch.equal(kernels.embed(table, ids), table[ids].float())
+    with pytest.raises(IndexError):
+        kernels.embed(table, [300])
+    assert kernels.embed(table.t(), ids) is None          # not contiguous: the caller's torch path
+
+
+def test_node_probs_are_softmax_of_each_nodes_parent_row():
+    """The step record's p of every node (``kernels.node_probs``): softmax of the node's token in
+    its parent's row of logits, rows read in any order and more than once."""
+    kernels.load()
+    x = torch.randn(4, 49152, generator=torch.Generator().manual_seed(5)) * 6
+    rows, tokens = [2, 0, 2, 3], [11, 49151, 400, 0]
+    p = kernels.node_probs(x, rows, tokens)
+    want = torch.softmax(x, -1)[rows, tokens]
+    assert torch.allclose(torch.tensor(p), want, rtol=1e-5, atol=1e-12)
+    assert kernels.node_probs(x, [], []) == []
+
+
 def test_one_decoder_serves_two_caches_in_turn():
     """The C layers point at a cache's buffers until another cache (or a grown one) comes: a
     page racing two runs on one target alternates caches step by step. Interleaved, each run

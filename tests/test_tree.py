@@ -7,7 +7,8 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from app.engine.config import TreeConfig
-from app.engine.tree import ROOT, DraftTree, finalize, grow_tree, proposals_needed, tree_attention_mask
+from app.engine.tree import (ROOT, DraftTree, finalize, grow_tree, proposals_needed, tree_attention_mask,
+                             tree_mask_rows)
 
 
 def synthetic_propose(seed: int, vocab: int = 50, peak: float = 3.0):
@@ -153,6 +154,16 @@ def brute_force_mask(parents):
 def test_mask_is_exactly_the_ancestors(raw):
     parents = [(-1 if i == 0 else (r % (i + 1)) - 1) for i, r in enumerate(raw)]
     assert torch.equal(tree_attention_mask(parents), brute_force_mask(parents))
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(0, 10_000), min_size=0, max_size=20), st.integers(0, 40))
+def test_the_kernels_row_mask_is_the_prefix_then_the_ancestors(raw, prefix):
+    """``tree_mask_rows`` (the fast forward's (N+1, prefix+N+1) uint8 mask) is the bool mask the
+    other forwards get: every row sees the prefix, then exactly its ancestors and itself."""
+    parents = [(-1 if i == 0 else (r % (i + 1)) - 1) for i, r in enumerate(raw)]
+    want = torch.cat([torch.ones(len(parents) + 1, prefix, dtype=torch.bool), brute_force_mask(parents)], 1)
+    assert torch.equal(tree_mask_rows(parents, prefix), want.to(torch.uint8))
 
 
 def test_static_shape_validation():

@@ -56,6 +56,8 @@ class RowwiseLlamaDecoder(FusedLlamaDecoder):
     # run the stack as one C call when the cache is kv.PreallocatedLayer's (else, or False:
     # ``_forward_per_kernel``, one call per kernel; scripts/forward_kernels.py times both)
     one_call = True
+    # a tree's mask may come as the (n, L) uint8 rows the kernels read (``tree.tree_mask_rows``)
+    takes_row_masks = True
 
     @torch.no_grad()
     def __init__(self, model: nn.Module):
@@ -91,31 +93,37 @@ class RowwiseLlamaDecoder(FusedLlamaDecoder):
             c.wfmt = w["qkv"].format
             assert w["qkv"].format == w["o"].format == w["gate_up"].format == w["down"].format
         self._rope = RopeTable(self.body.rotary_emb, self.head_dim)
-        self._buffers: list[tuple[int, int, int]] = []   # the cache buffers the C layers point at, and their stride
+        self._layouts: list[int] = []   # kv.layouts of the cache whose buffers the C layers point at
+        self._embedding = self.body.embed_tokens.weight.detach()
 
     def __call__(self, ids, positions, mask, cache, layers: tuple[int, ...] = ()):
+        """The target's forward over n rows: ids, positions (1, n); mask (1, 1, n, L) bool, or
+        (n, L) uint8 as ``tree.tree_mask_rows`` makes it (``takes_row_masks``), or None
+        (causal); cache the target's. Returns (1, n, H) float32 (and the tapped layers')."""
         n = ids.shape[1]
-        x = self.body.embed_tokens.weight.index_select(0, ids[0]).float()      # (n, H), a new contiguous tensor
+        x = kernels.embed(self._embedding, ids[0].tolist())                    # (n, H), a new contiguous tensor
+        if x is None:
+            x = self._embedding.index_select(0, ids[0]).float()
         cos, sin = self._rope(positions)                                        # (n, d)
-        keep = None if mask is None else mask[0, 0].to(torch.uint8).contiguous()   # (n, L), once for all layers
+        if mask is not None and mask.dim() != 2:                                # (n, L) uint8, once for all layers
+            mask = mask[0, 0].to(torch.uint8).contiguous()
+        keep = mask
         slots = kv.reserve(cache, n, self.kv_heads, self.head_dim) if self.one_call else None
         if slots is None:
             return self._forward_per_kernel(x, cos, sin, keep, cache, layers)
         # one C call for the whole stack: it writes the new keys and values into the buffers
         # reserved above (positions [cached, cached + n) of every layer)
-        assert len(slots) == len(self.layers) and len({start for start, _, _ in slots}) == 1
         cached = slots[0][0]
-        transposed = [layer.keys_transposed() for layer in cache.layers]     # (1, Hkv, C/16, d, 16), valid
-        buffers = [(keys.data_ptr(), values.data_ptr(), keys.stride(1), kt.data_ptr(), ctypes.addressof(valid))
-                   for (_, keys, values), (kt, valid) in zip(slots, transposed)]
-        if buffers != self._buffers:            # a new cache, or one that grew: point the layers at its buffers
+        if kv.layouts(cache) != self._layouts:   # a new cache, or one that grew: point the layers at its buffers
+            assert len(slots) == len(self.layers) and len({start for start, _, _ in slots}) == 1
+            transposed = [layer.keys_transposed() for layer in cache.layers]     # (1, Hkv, C/16, d, 16), valid
             for c, (_, keys, values), (kt, valid) in zip(self._c_layers, slots, transposed):
                 assert keys.device.type == "cpu" and keys.shape[0] == 1 and keys.is_contiguous() \
                     and keys.dtype == torch.float32 and values.shape == keys.shape and values.is_contiguous()
                 c.keys, c.values, c.kv_head = keys.data_ptr(), values.data_ptr(), keys.stride(1)
             for c, (kt, valid) in zip(self._c_keys_t, transposed):
                 c.keys_t, c.kt_head, c.valid = kt.data_ptr(), kt.stride(1), ctypes.addressof(valid)
-            self._buffers = buffers
+            self._layouts = kv.layouts(cache)    # after keys_transposed, which may have made the copies
         tap = taps = None
         if layers:
             slot = {layer: s for s, layer in enumerate(layers)}

@@ -185,6 +185,14 @@ def declare(lib, kind: str):
     except AttributeError:      # a build of an older source (--baseline)
         pass
     try:
+        lib.rowwise_node_probs.restype = lib.rowwise_embed.restype = None
+        lib.rowwise_node_probs.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_int, ctypes.c_void_p,
+                                           ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+        lib.rowwise_embed.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                                      ctypes.c_void_p]
+    except AttributeError:      # a build of an older source (--baseline)
+        pass
+    try:
         lib.rowwise_amx.restype, lib.rowwise_amx.argtypes = ctypes.c_int, []
     except AttributeError:      # a build of an older source (--baseline): no tiles
         lib.rowwise_amx = lambda: 0
@@ -287,6 +295,39 @@ def top_probs(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torc
     idx, lse = torch.empty(n, k, dtype=torch.int64, device="cpu"), torch.empty(n, device="cpu")
     _lib.rowwise_top_probs(rows.data_ptr(), n, rows.stride(0), V, k, q.data_ptr(), idx.data_ptr(), lse.data_ptr())
     return q, idx, lse
+
+
+def node_probs(x: torch.Tensor, rows: list[int], tokens: list[int]) -> list[float] | None:
+    """exp(x[rows[i], tokens[i]] - logsumexp(x[rows[i]])) for each i: the softmax probability
+    of each token in its row of logits x (n, V), as a list, in one C call (the step record's
+    p of every node). None where the kernels cannot run it (use torch)."""
+    x = _rows_of(x, "rowwise_node_probs")
+    if x is None:
+        return None
+    n, V = x.shape
+    N = len(rows)
+    assert N == len(tokens) and all(0 <= r < n for r in rows) and all(0 <= t < V for t in tokens)
+    lse, p = (ctypes.c_float * n)(), (ctypes.c_float * N)()
+    _lib.rowwise_node_probs(x.data_ptr(), n, x.stride(0), V, (ctypes.c_int * N)(*rows), (ctypes.c_long * N)(*tokens),
+                            N, lse, p)
+    return list(p)
+
+
+def embed(table: torch.Tensor, ids: list[int]) -> torch.Tensor | None:
+    """table[ids] as (n, H) float32: an embedding lookup in one C call where torch's
+    index_select and conversion took two. None where the kernels cannot run it (not loaded,
+    an older build, a table that is not a contiguous float32 or bfloat16 CPU matrix)."""
+    if _lib is None or not hasattr(_lib, "rowwise_embed") or table.device.type != "cpu" or table.dim() != 2 \
+            or table.dtype not in (torch.float32, torch.bfloat16) or not table.is_contiguous():
+        return None
+    V, H = table.shape
+    n = len(ids)
+    if not all(0 <= i < V for i in ids):
+        raise IndexError(f"token ids out of range for an embedding of {V} rows: {ids}")
+    out = torch.empty(n, H, device="cpu")
+    _lib.rowwise_embed(table.data_ptr(), int(table.dtype == torch.bfloat16), (ctypes.c_long * n)(*ids), n, H,
+                       out.data_ptr())
+    return out
 
 
 def group() -> int:

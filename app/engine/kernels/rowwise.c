@@ -1112,26 +1112,31 @@ long rowwise_argmax1(const float *x, int V) {
     return out;
 }
 
+/* log(sum_j exp(x[j])) over V logits: the sum over 16 lanes in ascending chunks, then the
+ * fixed lane tree and the tail in order, so it does not depend on other rows */
+static float row_lse(const float *xr, int V) {
+    int special;
+    float mx = row_max(xr, V, &special);
+    v16 acc = v_zero(), m = v_set1(mx);
+    int i = 0;
+    for (; i + 16 <= V; i += 16) acc = v_add(acc, v_exp(v_add(v_load(xr + i), v_neg(m))));
+    float s = v_sum(acc);
+    for (; i < V; i++) {
+        float pad[16], e[16];
+        for (int l = 0; l < 16; l++) pad[l] = l == 0 ? xr[i] - mx : 0.0f;
+        v_store(e, v_exp(v_load(pad)));
+        s += e[0];
+    }
+    return mx + logf(s);
+}
+
 /* For n rows of V logits (row stride ldx): lse[r] = log(sum_j exp(x[r][j])), and the k largest
  * (the earlier index first on a tie) as probabilities q = exp(x - lse) with their indices,
- * best first. k may be 0 (only lse). The sum runs over 16 lanes in ascending chunks, then the
- * fixed lane tree, so it does not depend on the other rows. */
+ * best first. k may be 0 (only lse). */
 void rowwise_top_probs(const float *x, int n, long ldx, int V, int k, float *q, long *idx, float *lse) {
     for (int r = 0; r < n; r++) {
         const float *xr = x + (long)r * ldx;
-        int special;
-        float mx = row_max(xr, V, &special);
-        v16 acc = v_zero(), m = v_set1(mx);
-        int i = 0;
-        for (; i + 16 <= V; i += 16) acc = v_add(acc, v_exp(v_add(v_load(xr + i), v_neg(m))));
-        float s = v_sum(acc);
-        for (; i < V; i++) {
-            float pad[16], e[16];
-            for (int l = 0; l < 16; l++) pad[l] = l == 0 ? xr[i] - mx : 0.0f;
-            v_store(e, v_exp(v_load(pad)));
-            s += e[0];
-        }
-        float l = mx + logf(s);
+        float l = row_lse(xr, V);
         lse[r] = l;
         /* the k best, kept sorted: a later element enters only if strictly larger */
         float *qv = q + (long)r * k;
@@ -1146,5 +1151,37 @@ void rowwise_top_probs(const float *x, int n, long ldx, int V, int k, float *q, 
             qi[at] = j;
         }
         for (int t = 0; t < have; t++) qv[t] = expf(qv[t] - l);
+    }
+}
+
+/* p[i] = exp(x[row[i]][tok[i]] - lse(x[row[i]])) for N (row, token) pairs over n rows of V
+ * logits (lse[r] is left NaN for a row no pair reads): the target's probability of each draft node's token given its parent, for the
+ * step record, in one call (its torch form took ~9 tensor operations a step, each a few
+ * microseconds more on a CPU whose caches the forward's weights have just passed through). */
+void rowwise_node_probs(const float *x, int n, long ldx, int V, const int *row, const long *tok, int N,
+                        float *lse, float *p) {
+    for (int r = 0; r < n; r++) lse[r] = NAN;                     /* only the rows some pair reads */
+    for (int i = 0; i < N; i++) {
+        const float *xr = x + (long)row[i] * ldx;
+        if (lse[row[i]] != lse[row[i]]) lse[row[i]] = row_lse(xr, V);
+        p[i] = expf(xr[tok[i]] - lse[row[i]]);
+    }
+}
+
+/* out[i][0 .. H) = table[ids[i]] as float32, for n token ids: an embedding lookup (a bfloat16
+ * row widens exactly, a zero word below each value), one call for what took an index_select
+ * and a conversion in torch. */
+void rowwise_embed(const void *table, int bf16, const long *ids, int n, int H, float *out) {
+    for (int i = 0; i < n; i++) {
+        float *o = out + (long)i * H;
+        if (bf16) {
+            const uint16_t *src = (const uint16_t *)table + ids[i] * (long)H;
+            for (int t = 0; t < H; t++) {
+                uint32_t u = (uint32_t)src[t] << 16;
+                memcpy(o + t, &u, sizeof u);
+            }
+        } else {
+            memcpy(o, (const float *)table + ids[i] * (long)H, sizeof(float) * H);
+        }
     }
 }
