@@ -561,6 +561,26 @@ def test_greedy_eagle_equals_vanilla_on_the_fast_forward(dtype):
             assert answer(engine, tree, 40, prompt) == vanilla, (dtype, prompt, tree.shape())
 
 
+def test_the_heads_byte_mask_drafts_the_trees_its_bool_mask_drafts(monkeypatch):
+    """The head's in-step mask built as bytes (``head_draft._mask_rows``: the committed pairs,
+    the node's ancestors, itself) drafts the very trees the bool mask it replaced drafts: every
+    step's tokens and draft probabilities agree bit for bit over a 3-level tree."""
+    from app.engine.factory import load_engine
+
+    engine, _ = load_engine(device="cpu", dtype="bfloat16")
+    tree = TreeConfig(total_tokens=8, depth=3, top_k=3)
+
+    def drafts():
+        events = list(engine.generate("Write a short poem about the sea.", tree=tree,
+                                      sampling=SamplingConfig(temperature=0.0), max_new_tokens=24))
+        return [(e.tree.tokens, e.tree.q) for e in events if getattr(e, "tree", None) is not None]
+
+    as_bytes = drafts()
+    monkeypatch.setattr(RowwiseDraftHead, "takes_row_masks", False)      # the bool (1, 1, F, S) mask
+    as_bools = drafts()
+    assert len(as_bytes) > 3 and any(len(t) > 3 for t, _ in as_bytes) and as_bytes == as_bools
+
+
 @pytest.mark.slow
 def test_the_int8_draft_accepts_about_as_much_as_the_heads_own_weights():
     """The default draft reads int8 weights (the head's layer and its draft LM head): faster to

@@ -100,9 +100,10 @@ class Engine:
             if draft_vocab is not None:
                 raise ValueError("an EAGLE-3 head drafts over its own vocabulary (d2t); it takes no draft_vocab")
             draft_vocab = head.draft_token_ids()
-        self.draft_vocab = None
+        self.draft_vocab = self.draft_vocab_ids = None
         if draft_vocab is not None:
             self.draft_vocab = draft_vocab.to(device=target.device, dtype=torch.long)
+            self.draft_vocab_ids = self.draft_vocab.tolist()     # the same as a list: a draft's ids map in Python
         if draft_vocab is not None and not self.head_lm:
             weight = self.lm_head.weight                                   # (V, H)
             self.draft_lm_weight = weight.index_select(0, self.draft_vocab).contiguous()  # (Vd, H)

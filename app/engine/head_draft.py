@@ -24,11 +24,24 @@ import torch
 
 from app.engine import kernels, kv, verify
 from app.engine.config import SamplingConfig, TreeConfig
+from app.engine.rowwise import RowwiseDraftHead
 from app.engine.run_state import _Run
 from app.engine.tree import ROOT, DraftTree, proposals_needed
 
 if TYPE_CHECKING:   # for the annotations only: engine.py imports this module
     from app.engine.engine import Engine
+
+
+def _mask_rows(visible: list[list[int]], prefix: int, width: int) -> torch.Tensor:
+    """(F, width) uint8: row r sees positions [0, prefix) and ``visible[r]``, built as bytes
+    (each tensor operation costs several microseconds on a CPU whose caches a forward has
+    just streamed its weights through)."""
+    rows = bytearray(len(visible) * width)
+    for r, slots in enumerate(visible):
+        rows[r * width:r * width + prefix] = b"\x01" * prefix
+        for j in slots:
+            rows[r * width + j] = 1
+    return torch.frombuffer(rows, dtype=torch.uint8).view(len(visible), width)
 
 
 def read_pending(engine: Engine, run: _Run) -> tuple[torch.Tensor | None, int]:
@@ -40,7 +53,7 @@ def read_pending(engine: Engine, run: _Run) -> tuple[torch.Tensor | None, int]:
     n_pending = len(run.pending_tokens)
     if n_pending == 0:
         return None, base
-    emb = engine.head.embed(torch.tensor([run.pending_tokens], device=device), engine.embedding)   # (1, P, H)
+    emb = _embed(engine, run.pending_tokens)                                                        # (1, P, H)
     pos = torch.arange(base, base + n_pending, device=device)[None]                                # (1, P)
     # causal over the cache: the fast kernels' head reads that from no mask at all (no mask
     # to build, convert and test key by key, every step)
@@ -49,6 +62,17 @@ def read_pending(engine: Engine, run: _Run) -> tuple[torch.Tensor | None, int]:
     out = engine.draft_forward(emb, run.pending_features, pos, mask, cache)                        # (1, P, H)
     run.pending_features, run.pending_tokens = None, []
     return out[:, -1:], base + n_pending
+
+
+def _embed(engine: Engine, tokens: list[int]) -> torch.Tensor:
+    """(1, T, H) the head's input embeddings of ``tokens``: in one C call on the fast kernels
+    (float32, what their head reads), else through the head's own ``embed``."""
+    if isinstance(engine.draft_forward, RowwiseDraftHead):     # a plain EAGLE-1/2 head
+        table = engine.head.embed_tokens if engine.head.embed_tokens is not None else engine.embedding
+        out = kernels.embed(table.weight.detach(), tokens)
+        if out is not None:
+            return out[None]
+    return engine.head.embed(torch.tensor([tokens], device=engine.target.device), engine.embedding)
 
 
 class HeadDrafting:
@@ -82,20 +106,23 @@ class HeadDrafting:
         its own ancestors' in-step entries."""
         if frontier == [ROOT]:
             return self.root_feature[0]                                                 # (1, H)
-        device, cache, head = self.engine.target.device, self.cache, self.engine.head
-        tokens = torch.tensor([[tree.tokens[n] for n in frontier]], device=device)        # (1, F)
+        device, cache = self.engine.target.device, self.cache
         parent_feats = torch.stack([self.root_feature[0, 0] if tree.parents[n] == ROOT
                                     else self.node_feature[tree.parents[n]] for n in frontier])[None]  # (1, F, H)
         length = kv.cache_length(cache)
-        mask = torch.zeros(len(frontier), length + len(frontier), dtype=torch.bool, device=device)
-        mask[:, :self.prefix] = True
-        for row, n in enumerate(frontier):
-            for a in tree.ancestors(n):
-                mask[row, self.node_slot[a]] = True
-            mask[row, length + row] = True
+        # each row sees the committed pairs, its ancestors' in-step entries and its own
+        visible = [[self.node_slot[a] for a in tree.ancestors(n)] + [length + row] for row, n in enumerate(frontier)]
+        if getattr(self.engine.draft_forward, "takes_row_masks", False):
+            mask = _mask_rows(visible, self.prefix, length + len(frontier))                # (F, S) uint8
+        else:
+            mask = torch.zeros(len(frontier), length + len(frontier), dtype=torch.bool, device=device)
+            mask[:, :self.prefix] = True
+            for row, slots in enumerate(visible):
+                mask[row, slots] = True
+            mask = mask[None, None]                                                    # (1, 1, F, S)
         pos = torch.full((1, len(frontier)), self._pair_position(depth - 1), device=device)
-        out = self.engine.draft_forward(head.embed(tokens, self.engine.embedding), parent_feats, pos,
-                                        mask[None, None], cache)
+        out = self.engine.draft_forward(_embed(self.engine, [tree.tokens[n] for n in frontier]), parent_feats, pos,
+                                        mask, cache)
         feats = out[0]                                                                 # (F, H)
         for row, n in enumerate(frontier):
             self.node_feature[n] = feats[row]
@@ -124,5 +151,7 @@ class HeadDrafting:
             top = torch.topk(draft_logits, min(self.k, draft_logits.shape[-1]), dim=-1)
             q_top = torch.exp(top.values.float() - torch.logsumexp(draft_logits.float(), dim=-1, keepdim=True))
             top_ids = top.indices
-        ids = top_ids if engine.draft_vocab is None else engine.draft_vocab[top_ids]
-        return q_top.tolist(), ids.tolist()
+        ids = top_ids.tolist()
+        if engine.draft_vocab_ids is not None:        # draft-vocabulary indices -> token ids
+            ids = [[engine.draft_vocab_ids[j] for j in row] for row in ids]
+        return q_top.tolist(), ids

@@ -209,6 +209,8 @@ class RowwiseDraftHead:
     # attention_mask None: each row sees the whole cache and the rows before it (the C
     # attention's causal rule), as the mask of the head's pending pairs would say
     causal_without_mask = True
+    # a mask may come as the (T, S) uint8 rows the kernels read, as well as (1, 1, T, S) bool
+    takes_row_masks = True
 
     def __init__(self, head: nn.Module, int8: bool = False):
         layer = head.layers[0]
@@ -265,7 +267,9 @@ class RowwiseDraftHead:
             c, t = self._c_layer[0], self._c_keys_t[0]
             c.keys, c.values, c.kv_head = keys.data_ptr(), values.data_ptr(), keys.stride(1)
             t.keys_t, t.kt_head, t.valid = kt.data_ptr(), kt.stride(1), ctypes.addressof(valid)
-            keep = None if attention_mask is None else attention_mask[0, 0].to(torch.uint8).contiguous()   # (T, S)
+            keep = attention_mask                                            # None, or (T, S) uint8
+            if keep is not None and keep.dim() != 2:
+                keep = keep[0, 0].to(torch.uint8).contiguous()
             out = kernels.decoder(x.contiguous(), self._c_layer, self.heads, self.kv_heads, d, self.inner,
                                   cos, sin, cached, keep, tap=None, taps=None, final_norm=None, final_eps=0.0,
                                   keys_t=self._c_keys_t)
@@ -284,7 +288,7 @@ class RowwiseDraftHead:
         q, k = qk.split([self.heads, self.kv_heads], dim=0)
         v = v.view(T, self.kv_heads, d).transpose(0, 1)                                   # (Hkv, T, d)
         keys, values = cache.update(k[None], v[None], 0)                                  # (1, Hkv, S, d)
-        keep = None if attention_mask is None else attention_mask[0, 0]                   # (T, S)
+        keep = attention_mask if attention_mask is None or attention_mask.dim() == 2 else attention_mask[0, 0]  # (T, S)
         o = kernels.attention(q.transpose(0, 1), keys[0], values[0], keep, self.scaling)  # (T, Hq·d)
         x = x + kernels.linear(o, self.o)
         x = x + kernels.linear(kernels.silu_mul(kernels.linear(kernels.rms_norm(x, self.norm, self.eps),
