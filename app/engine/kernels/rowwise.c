@@ -1155,9 +1155,10 @@ void rowwise_top_probs(const float *x, int n, long ldx, int V, int k, float *q, 
 }
 
 /* p[i] = exp(x[row[i]][tok[i]] - lse(x[row[i]])) for N (row, token) pairs over n rows of V
- * logits (lse[r] is left NaN for a row no pair reads): the target's probability of each draft node's token given its parent, for the
- * step record, in one call (its torch form took ~9 tensor operations a step, each a few
- * microseconds more on a CPU whose caches the forward's weights have just passed through). */
+ * logits, lse[r] left NaN for a row no pair reads: the target's probability of each draft
+ * node's token given its parent, for the step record, in one call (its torch form took ~9
+ * tensor operations a step, each a few microseconds more on a CPU whose caches the
+ * forward's weights have just passed through). */
 void rowwise_node_probs(const float *x, int n, long ldx, int V, const int *row, const long *tok, int N,
                         float *lse, float *p) {
     for (int r = 0; r < n; r++) lse[r] = NAN;                     /* only the rows some pair reads */
