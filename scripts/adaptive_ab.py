@@ -6,6 +6,7 @@ against fixed trees, interleaved prompt by prompt over the evaluation suites.
     python scripts/adaptive_ab.py --max-chain 3 --fixed 3/3/1 --limit 2
     python scripts/adaptive_ab.py --kernels HEAD --limit 4          # the same methods on HEAD's kernels
     python scripts/adaptive_ab.py --variant decay=0.1 --variant explore_every=24 --limit 4
+    python scripts/adaptive_ab.py --candidates vanilla,2/2/1,3/2/2 --limit 4   # a smaller candidate set
     ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 python scripts/adaptive_ab.py ...
 
 Every method decodes every prompt greedily (128 new tokens), the methods' order rotating from
@@ -16,7 +17,8 @@ what it replaced in one process. ``--draft-weights head`` adds the adaptive defa
 fixed trees once more on a second engine over the same target whose draft reads the head's
 own weights (``Engine(draft_weights="head")``) instead of int8; ``--max-chain D`` adds the
 adaptive default with top-1 chains up to depth D among its candidates; ``--variant`` adds it with
-other ``TreeAdapter`` settings (its estimates' decay, how often it explores); ``--kernels REV`` (a git
+other ``TreeAdapter`` settings (its estimates' decay, how often it explores) and ``--candidates``
+with only the trees listed (the default's tuned tree and branch kept); ``--kernels REV`` (a git
 revision or a ``rowwise.c`` file) adds vanilla, the adaptive default and the fixed trees once
 more on that build of the kernels, swapped in for each of their generations, so that a
 kernel change is measured end to end against what it replaced. Prints tokens per second of
@@ -79,6 +81,9 @@ def main() -> int:
                    help="also run the adaptive default with top-1 chains up to this depth among its candidates")
     p.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
                    help="add the adaptive default with these TreeAdapter settings (e.g. decay=0.1,explore_every=24); repeatable")
+    p.add_argument("--candidates", action="append", default=[], metavar="TREE[,TREE..]",
+                   help="add the adaptive default over only these trees (total/depth/top_k, 'vanilla'), "
+                        "with the default's prompt-lookup branch; repeatable")
     p.add_argument("--kernels", default=None, metavar="REV",
                    help="also run vanilla, adaptive and the fixed trees on the kernels of this git revision or .c file")
     p.add_argument("--draft-weights", choices=("head",), default=None,
@@ -106,6 +111,12 @@ def main() -> int:
         settings = {k: float(v) if "." in v else int(v) for k, v in (kv.split("=") for kv in variant.split(","))}
         methods[f"adaptive, {variant}"] = lambda settings=settings: (
             engine, start, adapt.TreeAdapter(adapter.candidates, prior_tau=adapter.prior_tau, **settings))
+    for listed in args.candidates:
+        trees = [adapt.VANILLA if spec == "vanilla" else replace(TreeShape.parse(spec).config("dynamic"), lookup=lookup)
+                 for spec in listed.split(",")]
+        methods[f"adaptive over {listed}"] = lambda trees=trees: (
+            engine, next((t for t in trees if adapt._same(t, start)), trees[-1]),
+            adapt.TreeAdapter(trees, prior_tau=adapter.prior_tau))
     fixed = [replace(TreeShape.parse(spec).config("dynamic"), lookup=lookup) for spec in filter(None, args.fixed.split(","))]
     for tree in fixed:
         methods[f"{TreeShape.of(tree)}+lookup{lookup}"] = lambda tree=tree: (engine, tree, None)
