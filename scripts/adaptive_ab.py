@@ -18,7 +18,7 @@ fixed trees once more on a second engine over the same target whose draft reads 
 own weights (``Engine(draft_weights="head")``) instead of int8; ``--max-chain D`` adds the
 adaptive default with top-1 chains up to depth D among its candidates; ``--variant`` adds it with
 other ``TreeAdapter`` settings (its estimates' decay, how often it explores) and ``--candidates``
-with only the trees listed (the default's tuned tree and branch kept); ``--kernels REV`` (a git
+over only the trees listed (with the default's prompt-lookup branch); ``--kernels REV`` (a git
 revision or a ``rowwise.c`` file) adds vanilla, the adaptive default and the fixed trees once
 more on that build of the kernels, swapped in for each of their generations, so that a
 kernel change is measured end to end against what it replaced. Prints tokens per second of

@@ -59,7 +59,7 @@ def main() -> None:
 
     for name in ("decoder", "linear", "attention", "rms_norm", "silu_mul", "rope_"):
         setattr(kernels, name, timed(getattr(kernels, name)))
-    own = by_function(args.root) if args.functions else None
+    own = by_function() if args.functions else None
     engine, _ = load_engine(dtype="bfloat16")
     tree = (TreeConfig(method="vanilla") if args.method == "vanilla"
             else TreeConfig(method="dynamic", **dict(zip(("total_tokens", "depth", "top_k"),
@@ -79,11 +79,11 @@ def main() -> None:
           f"load average {os.getloadavg()[0]:.2f}")
 
 
-def by_function(root: str):
+def by_function():
     """Wrap the step's functions (the engine's verbs, the drafting callbacks, the forwards, the
-    cache's bookkeeping, every C kernel) so that each adds its time and its callers' time
-    inside it; returns (total, inner, calls) counters by name, filled as the engine runs.
-    A function's own time is total - inner: the Python and torch work in its body."""
+    cache's bookkeeping, every C kernel) so that each call adds its time to its own total and
+    to its caller's inner time; returns (total, inner, calls) counters by name, filled as the
+    engine runs. A function's own time is total - inner: the Python and torch work in its body."""
     from app.engine import engine as E
     from app.engine import head_draft, kernels, kv, rowwise, tree
 
