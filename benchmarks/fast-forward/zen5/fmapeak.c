@@ -1,11 +1,17 @@
 /* FMA throughput of one core and of all: 12 independent accumulator chains, the loop in
  * inline assembly so that the compiler can neither drop nor reorder the FMAs; ymm (AVX2) and
- * zmm (AVX-512).  gcc -O2 -fopenmp -mavx512f fmapeak.c && ./a.out */
+ * zmm (AVX-512).  gcc -O2 -fopenmp -mavx512f fmapeak.c && ./a.out
+ * -DDPBF16 -mavx512bf16 -mavx512vl: the same for VDPBF16PS (the native bfloat16 kernels'
+ * instruction, 2 multiply-adds a lane), printed as instructions a second. */
 #include <stdio.h>
 #include <omp.h>
 
 #define Z(R, i) "vxorps %%" R #i ",%%" R #i ",%%" R #i "\n"
+#ifdef DPBF16
+#define F(R, i) "vdpbf16ps %%" R "12,%%" R "13,%%" R #i "\n"
+#else
 #define F(R, i) "vfmadd231ps %%" R "12,%%" R "13,%%" R #i "\n"
+#endif
 #define ALL(M, R) M(R, 0) M(R, 1) M(R, 2) M(R, 3) M(R, 4) M(R, 5) M(R, 6) M(R, 7) M(R, 8) M(R, 9) M(R, 10) M(R, 11)
 #define DEFINE_PEAK(NAME, R)                                                                   \
 static double NAME(long n) {         /* seconds for n rounds of 12 FMAs */                     \
