@@ -562,7 +562,7 @@ def test_greedy_eagle_equals_vanilla_on_the_fast_forward(dtype):
 
 
 def test_the_heads_byte_mask_drafts_the_trees_its_bool_mask_drafts(monkeypatch):
-    """The head's in-step mask built as bytes (``head_draft._mask_rows``: the committed pairs,
+    """The head's in-step mask built as bytes (``tree.mask_rows``: the committed pairs,
     the node's ancestors, itself) drafts the very trees the bool mask it replaced drafts: every
     step's tokens and draft probabilities agree bit for bit over a 3-level tree."""
     from app.engine.factory import load_engine

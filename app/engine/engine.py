@@ -119,7 +119,7 @@ class Engine:
         if isinstance(self.decoder, RowwiseLlamaDecoder) and head is not None and RowwiseDraftHead.supports(head):
             int8 = draft_weights == "int8"
             self.draft_weights = draft_weights
-            self.draft_forward = RowwiseDraftHead(head, int8)
+            self.draft_forward = RowwiseDraftHead(head, int8, embedding=self.embedding)
             if draft_vocab is not None:
                 self._draft_lm_packed = kernels.Packed(self.draft_lm_weight, int8)
 

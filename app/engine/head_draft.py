@@ -24,24 +24,11 @@ import torch
 
 from app.engine import kernels, kv, verify
 from app.engine.config import SamplingConfig, TreeConfig
-from app.engine.rowwise import RowwiseDraftHead
 from app.engine.run_state import _Run
-from app.engine.tree import ROOT, DraftTree, proposals_needed
+from app.engine.tree import ROOT, DraftTree, mask_rows, proposals_needed
 
 if TYPE_CHECKING:   # for the annotations only: engine.py imports this module
     from app.engine.engine import Engine
-
-
-def _mask_rows(visible: list[list[int]], prefix: int, width: int) -> torch.Tensor:
-    """(F, width) uint8: row r sees positions [0, prefix) and ``visible[r]``, built as bytes
-    (each tensor operation costs several microseconds on a CPU whose caches a forward has
-    just streamed its weights through)."""
-    rows = bytearray(len(visible) * width)
-    for r, slots in enumerate(visible):
-        rows[r * width:r * width + prefix] = b"\x01" * prefix
-        for j in slots:
-            rows[r * width + j] = 1
-    return torch.frombuffer(rows, dtype=torch.uint8).view(len(visible), width)
 
 
 def read_pending(engine: Engine, run: _Run) -> tuple[torch.Tensor | None, int]:
@@ -67,11 +54,10 @@ def read_pending(engine: Engine, run: _Run) -> tuple[torch.Tensor | None, int]:
 def _embed(engine: Engine, tokens: list[int]) -> torch.Tensor:
     """(1, T, H) the head's input embeddings of ``tokens``: in one C call on the fast kernels
     (float32, what their head reads), else through the head's own ``embed``."""
-    if isinstance(engine.draft_forward, RowwiseDraftHead):     # a plain EAGLE-1/2 head
-        table = engine.head.embed_tokens if engine.head.embed_tokens is not None else engine.embedding
-        out = kernels.embed(table.weight.detach(), tokens)
-        if out is not None:
-            return out[None]
+    fast = getattr(engine.draft_forward, "embed_ids", None)
+    out = fast(tokens) if fast is not None else None
+    if out is not None:
+        return out
     return engine.head.embed(torch.tensor([tokens], device=engine.target.device), engine.embedding)
 
 
@@ -113,7 +99,7 @@ class HeadDrafting:
         # each row sees the committed pairs, its ancestors' in-step entries and its own
         visible = [[self.node_slot[a] for a in tree.ancestors(n)] + [length + row] for row, n in enumerate(frontier)]
         if getattr(self.engine.draft_forward, "takes_row_masks", False):
-            mask = _mask_rows(visible, self.prefix, length + len(frontier))                # (F, S) uint8
+            mask = mask_rows(visible, self.prefix, length + len(frontier))                # (F, S) uint8
         else:
             mask = torch.zeros(len(frontier), length + len(frontier), dtype=torch.bool, device=device)
             mask[:, :self.prefix] = True

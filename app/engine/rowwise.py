@@ -212,7 +212,9 @@ class RowwiseDraftHead:
     # a mask may come as the (T, S) uint8 rows the kernels read, as well as (1, 1, T, S) bool
     takes_row_masks = True
 
-    def __init__(self, head: nn.Module, int8: bool = False):
+    def __init__(self, head: nn.Module, int8: bool = False, embedding: nn.Module | None = None):
+        """``embedding``: the target's input embedding, the head's token table where it has
+        none of its own (``embed_ids``; None: the caller embeds)."""
         layer = head.layers[0]
         attn, mlp = layer.self_attn, layer.mlp
         cfg = head.config
@@ -240,6 +242,14 @@ class RowwiseDraftHead:
         c.qkv, c.o, c.gate_up, c.down = (w.data.data_ptr() for w in (self.qkv, self.o, self.gate_up, self.down))
         c.wfmt = self.qkv.format
         self.one_call = self.qkv.format == self.o.format == self.gate_up.format == self.down.format
+        table = head.embed_tokens if getattr(head, "embed_tokens", None) is not None else embedding
+        self._embedding = table.weight.detach() if table is not None else None
+
+    def embed_ids(self, tokens: list[int]) -> torch.Tensor | None:
+        """(1, T, H) float32 input embeddings of ``tokens`` in one C call (what this forward
+        reads), or None where it cannot (no table given, or the kernels cannot take it)."""
+        out = kernels.embed(self._embedding, tokens) if self._embedding is not None else None
+        return None if out is None else out[None]
 
     @staticmethod
     def supports(head) -> bool:

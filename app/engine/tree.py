@@ -261,20 +261,25 @@ def tree_attention_mask(parents: Sequence[int], device=None) -> torch.Tensor:
     return mask.to(device) if device is not None else mask
 
 
+def mask_rows(visible: Sequence[Sequence[int]], prefix: int, width: int) -> torch.Tensor:
+    """(len(visible), width) uint8, the masks the fast kernels read (1 = visible): row r sees
+    positions [0, prefix) and ``visible[r]``. Built as bytes and wrapped once: on a CPU whose
+    caches a forward has just streamed its weights through, each tensor operation costs
+    several microseconds, and a bool mask's ones, concatenation, assignments and conversion
+    took four or more (the verify forward's and the head's in-step masks)."""
+    rows = bytearray(len(visible) * width)
+    for r, seen in enumerate(visible):
+        rows[r * width:r * width + prefix] = b"\x01" * prefix
+        for j in seen:
+            rows[r * width + j] = 1
+    return torch.frombuffer(rows, dtype=torch.uint8).view(len(visible), width)
+
+
 def tree_mask_rows(parents: Sequence[int], prefix: int) -> torch.Tensor:
     """The verify forward's whole mask as the fast kernels read it: (N+1, prefix+N+1) uint8
-    over [the prefix's cached positions, root, node 0, ..., node N-1], 1 = visible: every row
-    sees the prefix, and its part over [root, nodes] is ``tree_attention_mask``'s. Built as
-    bytes and wrapped once: on a CPU whose caches a forward has just streamed its weights
-    through, each tensor operation costs several microseconds, and the bool mask's ones,
-    concatenation and conversion took four."""
-    n = len(parents)
-    local = [bytearray(n + 1)]
-    local[0][0] = 1                                          # the root sees itself
-    for i, p in enumerate(parents):    # parents first, so row p+1 is complete when row i+1 copies it
-        row = bytearray(local[p + 1])
-        row[i + 1] = 1
-        local.append(row)
-    seen = b"\x01" * prefix
-    rows = bytearray().join(seen + row for row in local)
-    return torch.frombuffer(rows, dtype=torch.uint8).view(n + 1, prefix + n + 1)
+    over [the prefix's cached positions, root, node 0, ..., node N-1]: every row sees the
+    prefix, and its part over [root, nodes] is ``tree_attention_mask``'s."""
+    seen = [[prefix]]                                        # the root sees itself
+    for i, p in enumerate(parents):    # parents first, so row p+1 is complete when row i+1 extends it
+        seen.append(seen[p + 1] + [prefix + i + 1])
+    return mask_rows(seen, prefix, prefix + len(parents) + 1)
