@@ -87,17 +87,17 @@ def test_a_chain_step_teaches_every_shorter_chain():
     assert [a.tau_seen for a in adapter.arms] == [1, 1, 1]
 
 
-def test_every_candidate_is_tried_and_the_prefill_and_first_step_are_not_timed():
+def test_every_candidate_is_tried_and_the_prefill_is_not_timed():
     adapter = TreeAdapter(deep())
     adapter.start(chain(2))
     adapter.observe(StepEvent(step=0, method="dynamic", tree=None, accepted=[], bonus=1, new_tokens=[1], text="",
                               prefill=True, step_ms=500.0))
     assert adapter.steps == 0 and all(a.ms is None for a in adapter.arms)
-    # the first step also feeds the prompt through the head: its time says nothing of its tree,
-    # so the start tree runs again for a measurement before the others get their first try
-    used = simulate(adapter, 8, lambda t, i: 100.0 if i == 0 else 10.0, always(0), start=chain(2))
-    assert used[:2] == ["2/2/1", "2/2/1"] and adapter.arms[2].ms == 10.0
-    assert sorted(used[1:]) == ["1/1/1", "2/2/1", "3/2/2", "3/3/1", "4/2/2", "4/4/1", "vanilla"]
+    # the prefill reads the prompt through the head too, so the first step is a step like any
+    # other: it is timed, and the other candidates get their first tries right after it
+    used = simulate(adapter, 7, lambda t, i: 30.0 if i == 0 else 10.0, always(0), start=chain(2))
+    assert used[0] == "2/2/1" and adapter.arms[2].ms == 30.0
+    assert sorted(used) == ["1/1/1", "2/2/1", "3/2/2", "3/3/1", "4/2/2", "4/4/1", "vanilla"]
     with pytest.raises(ValueError, match="candidates"):
         TreeAdapter([])
 
@@ -107,7 +107,6 @@ def test_one_slow_step_or_one_unlucky_step_does_not_bench_a_tree():
     adapter.start(chain(2))
     for arm in adapter.arms:
         arm.ms = 10.0
-    adapter.steps = 5                              # past the untimed first step
     event = StepEvent(step=6, method="dynamic", tree=None, accepted=[], bonus=3, new_tokens=[3], text="",
                       tree_config=chain(2).shape(), step_ms=1000.0)
     adapter.observe(event)

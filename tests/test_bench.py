@@ -67,7 +67,7 @@ def test_bench_cli_end_to_end(tiny_folders, tmp_path, capsys, monkeypatch):
         assert f"## {suite}" in md
         for label, s in table.items():
             assert s["runs"] == (4 if suite == "all" else 2)
-            assert s["tokens_per_s"] > 0 and s["tau"] >= 1.0
+            assert s["tokens_per_s"] > 0 and s["tau"] >= 1.0 and s["prefill_ms"] > 0
             assert s["speedup_hf"] == pytest.approx(s["tokens_per_s"] / table["hf"]["tokens_per_s"])
             assert s["speedup_vanilla"] == pytest.approx(s["tokens_per_s"] / table["vanilla"]["tokens_per_s"])
             # greedy, float32: every method reproduces vanilla token for token (hf included)
@@ -137,9 +137,10 @@ def test_suites_are_shipped_with_the_repo():
     assert len(load_suite("gsm8k")) == 80
 
 
-def _run(method, qid, tokens, seconds, forwards, draft=0.0, verify=0.0, step=0.0, reached=(), acc=(), ids=(1,)):
+def _run(method, qid, tokens, seconds, forwards, draft=0.0, verify=0.0, step=0.0, reached=(), acc=(), ids=(1,),
+         prefill=0.0):
     return RunRecord(suite="s", question_id=qid, method=method, new_tokens=tokens, timed_tokens=tokens,
-                     seconds=seconds, forwards=forwards, draft_ms=draft, verify_ms=verify, step_ms=step,
+                     seconds=seconds, forwards=forwards, draft_ms=draft, verify_ms=verify, step_ms=step, prefill_ms=prefill,
                      depth_reached=list(reached), depth_accepted=list(acc), token_ids=list(ids))
 
 
@@ -149,8 +150,9 @@ def test_pooling_and_table():
     records = [
         _run("hf", 0, 10, 1.0, 10), _run("hf", 1, 30, 1.0, 30),
         _run("vanilla", 0, 10, 0.5, 10, verify=500, step=500), _run("vanilla", 1, 30, 1.5, 30, verify=1500, step=1500),
-        _run("dynamic", 0, 10, 0.25, 4, draft=50, verify=150, step=250, reached=[4, 3], acc=[3, 1]),
-        _run("dynamic", 1, 30, 0.75, 10, draft=150, verify=450, step=750, reached=[10, 8], acc=[8, 2], ids=(2,)),
+        _run("dynamic", 0, 10, 0.25, 4, draft=50, verify=150, step=250, reached=[4, 3], acc=[3, 1], prefill=20),
+        _run("dynamic", 1, 30, 0.75, 10, draft=150, verify=450, step=750, reached=[10, 8], acc=[8, 2], ids=(2,),
+             prefill=40),
     ]
     table = aggregate(records, specs, greedy=True)["s"]
     assert table["hf"]["tokens_per_s"] == pytest.approx(20.0)           # 40 tokens / 2 s, pooled
@@ -161,9 +163,10 @@ def test_pooling_and_table():
     assert d["acceptance_by_depth"] == pytest.approx([11 / 14, 3 / 11])
     assert (d["draft_share"], d["verify_share"], d["other_share"]) == pytest.approx((0.2, 0.6, 0.2))
     assert d["ms_per_step"] == pytest.approx(1000 / 14)
+    assert d["prefill_ms"] == pytest.approx(30.0)                    # a prompt's mean, outside tokens/s
     assert d["identical_to_vanilla"] == [1, 2]
     md = markdown_table(table)
-    assert "| dynamic | 24/5/8 | 40.0 | 2.00 | 2.00 | 2.86 | 71 | 20% / 60% / 20% | 0.79 0.27 | 1 of 2 |" in md
+    assert "| dynamic | 24/5/8 | 40.0 | 2.00 | 2.00 | 2.86 | 71 | 20% / 60% / 20% | 30 | 0.79 0.27 | 1 of 2 |" in md
 
 
 @pytest.mark.parametrize("draft_vocab", [None, 40])

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from app.engine import kernels, kv
+from app.engine import kernels, kv, rowwise
 from app.engine.config import SamplingConfig, TreeConfig
 from app.engine.engine import Engine
 from app.engine.tree import tree_attention_mask
@@ -153,6 +153,44 @@ def test_cache_after_steps_equals_fresh_forward(tiny, method):
         assert torch.allclose(a.keys, b.keys, atol=1e-4) and torch.allclose(a.values, b.values, atol=1e-4)
     # the head's cache holds exactly the committed pairs; the rest are pending
     assert kv.cache_length(run.draft_cache) + len(run.pending_tokens) == len(run.tokens) - 1
+
+
+def test_the_prefill_reads_the_prompt_into_the_head(tiny, monkeypatch):
+    """Reading the prompt's pairs through the head is prompt work: the prefill does it (in its
+    record's draft_ms, outside the decoding rate), all but the last pair, which the first step
+    reads as every step reads its pending pairs. The drafts are those of reading every pair in
+    the first step (bit for bit on the fast kernels: a row's result does not depend on the rows
+    read with it)."""
+    from app.engine import engine as engine_module
+    from app.engine import head_draft
+
+    target, head = tiny
+    engine = Engine(target, head)
+    cfg = TreeConfig(method="dynamic", depth=3, top_k=2, total_tokens=6)
+    prompt = [5, 17, 33, 90, 4, 61, 2, 40]
+
+    def run_steps():
+        run, first = engine._prefill(prompt, cfg, SamplingConfig(), 100, cfg)
+        after_prefill = (kv.cache_length(run.draft_cache), len(run.pending_tokens), first.draft_ms > 0)
+        generated, drafts = list(first.new_tokens), []
+        for i in range(1, 7):
+            event = engine._step(run, cfg, SamplingConfig(), i, 100, generated)
+            generated += event.new_tokens
+            drafts.append((event.tree.tokens, event.tree.q))
+        return after_prefill, drafts, generated
+
+    after_prefill, drafts, generated = run_steps()
+    assert after_prefill == (len(prompt) - 1, 1, True)
+    # as before: the prefill leaves every pair pending and the first step reads them all
+    monkeypatch.setattr(engine_module, "read_pending",
+                        lambda e, run, leave=0: (None, 0) if leave else head_draft.read_pending(e, run))
+    before, drafts_before, generated_before = run_steps()
+    assert before[:2] == (0, len(prompt))
+    assert generated == generated_before
+    exact = isinstance(engine.draft_forward, rowwise.RowwiseDraftHead)
+    for (tokens, q), (tokens_before, q_before) in zip(drafts, drafts_before):
+        assert tokens == tokens_before
+        assert q == q_before if exact else torch.allclose(torch.tensor(q), torch.tensor(q_before), atol=1e-5)
 
 
 @pytest.mark.skipif(kernels.load() is None, reason=f"fast kernels unavailable: {kernels.why_not()}")

@@ -140,6 +140,13 @@ def test_phase_account_names_the_three_phases(run):
     assert f"one target forward over {len(s.tree) + 1} tokens" in text
     assert f"{len(s.accepted)} draft token" in text
     assert "No step" in phase_account(None)
+    # the prefill: the head's read of the prompt is told (with its time) where a head drafts
+    assert steps[0].prefill and steps[0].method == "dynamic"
+    assert "The head reads the prompt**: " in phase_account(steps[0], len(steps) - 1)
+    assert f"({steps[0].draft_ms:.1f} ms)" in phase_account(steps[0], len(steps) - 1)
+    vanilla = StepEvent(step=0, method="vanilla", tree=None, accepted=[], bonus=7, new_tokens=[7], text="x",
+                        prefill=True, verify_ms=3.0)
+    assert "reads the prompt**" not in phase_account(vanilla, 4)
 
 
 def test_tree_size_figure_and_text_show_autotunes_choice():

@@ -128,7 +128,7 @@ def profile_tree(engine, tree, prompt: str, steps: int, warmup: int = 2) -> dict
             if event.type != "step":
                 break
             if event.step == warmup - 1:
-                prof.totals.clear()          # the prefill and step 1 (which reads the prompt into the head)
+                prof.totals.clear()          # the prefill (the prompt through the target and the head) and warm-up
             if event.step >= warmup:
                 n_steps += 1
                 step_ms += event.step_ms

@@ -40,6 +40,7 @@ def method_stats(runs: list[RunRecord], spec: MethodSpec, vanilla_runs: dict | N
         "forwards": forwards,
         "tau": timed / forwards if forwards else None,       # tokens per target forward
         "ms_per_step": (step_ms if not spec.is_hf else seconds * 1e3) / forwards if forwards else None,
+        "prefill_ms": sum(r.prefill_ms for r in runs) / len(runs) if runs else None,
         "acceptance_by_depth": [a / r if r else 0.0 for a, r in zip(accepted, reached)],
         "draft_share": None, "verify_share": None, "other_share": None,
         "identical_to_vanilla": None,
@@ -114,8 +115,8 @@ def _tree_text(tree: dict | None) -> str:
 def markdown_table(table: dict[str, dict], max_depths: int = 6) -> str:
     """One suite's table. Columns explained in ``markdown_report``."""
     head = ("| method | tree N/d/k | tokens/s | × hf | × vanilla | tau | ms/step | draft / verify / other "
-            "| acceptance by depth | = vanilla |")
-    lines = [head, "|" + "|".join(["---"] * 10) + "|"]
+            "| prefill ms | acceptance by depth | = vanilla |")
+    lines = [head, "|" + "|".join(["---"] * 11) + "|"]
     for s in table.values():
         shares = "–" if s["draft_share"] is None else \
             f"{100 * s['draft_share']:.0f}% / {100 * s['verify_share']:.0f}% / {100 * s['other_share']:.0f}%"
@@ -124,7 +125,7 @@ def markdown_table(table: dict[str, dict], max_depths: int = 6) -> str:
         tree = "adaptive" if s.get("adaptive") else _tree_text(s["tree"])
         lines.append(f"| {s['method']} | {tree} | {s['tokens_per_s']:.1f} | {_f(s['speedup_hf'])} "
                      f"| {_f(s['speedup_vanilla'])} | {_f(s['tau'])} | {_f(s['ms_per_step'], '{:.0f}')} | {shares} "
-                     f"| {acc} | {same} |")
+                     f"| {_f(s.get('prefill_ms'), '{:.0f}')} | {acc} | {same} |")
     for s in table.values():
         if s.get("adaptive") and s.get("tree_mix"):
             lines += ["", f"{s['method']}'s steps by tree: {tree_mix_text(s['tree_mix'])}"]
@@ -138,7 +139,9 @@ app/bench/runners.py). *× hf*, *× vanilla*: ratio of tokens/s, same prompts, s
 *tau*: tokens per target forward (accepted drafts + the target's bonus token). *ms/step*:
 time per target forward including drafting. *draft / verify / other*: share of step time
 drafting the tree, in the target's verify forward (+ acceptance), and everything else (KV
-commit, step record). *tree N/d/k*: the tree every step ran, or *adaptive* for a tree chosen step by step
+commit, step record). *prefill ms*: time to the first token, per prompt (the target's forward
+over the prompt; for EAGLE also the head's read of the prompt), outside *tokens/s* for every
+method. *tree N/d/k*: the tree every step ran, or *adaptive* for a tree chosen step by step
 (app/engine/adapt.py; the line under the table gives its share of steps on each tree and the
 tokens per step there). *acceptance by depth*: of the steps whose accepted path reached depth
 d-1 and that drafted depth d, the share accepting a token at depth d. *= vanilla*: greedy

@@ -134,6 +134,7 @@ class RunRecord:
     tree: dict | None = None          # the tree settings used (engine methods)
     tree_steps: dict[str, list[int]] = field(default_factory=dict)   # "N/d/k" or "vanilla": [steps, tokens]
     threads: int = 0                  # CPU threads it ran on (0: not recorded)
+    prefill_ms: float = 0.0           # reading the prompt up to the first token (outside the timed window)
 
     @property
     def tokens_per_s(self) -> float:
@@ -186,6 +187,7 @@ def run_hf(target, spec: MethodSpec, suite: str, qid, prompt_ids: list[int], sam
         static.reset()
         kwargs["cache"] = static
     eos = sorted(target.eos_ids)
+    start = time.perf_counter()
     model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, streamer=clock,
                    eos_token_id=eos or None, pad_token_id=target.tokenizer.pad_token_id if
                    target.tokenizer.pad_token_id is not None else (eos[0] if eos else 0), **kwargs)
@@ -195,7 +197,7 @@ def run_hf(target, spec: MethodSpec, suite: str, qid, prompt_ids: list[int], sam
     token_ids = clock.ids[:max_new_tokens]
     return RunRecord(suite=suite, question_id=qid, method=spec.label, new_tokens=len(token_ids),
                      timed_tokens=len(clock.ids) - n_first, seconds=seconds, forwards=max(0, len(marks) - 1),
-                     token_ids=token_ids, text=target.tokenizer.decode(token_ids, skip_special_tokens=True))
+                     prefill_ms=(marks[0][0] - start) * 1e3 if marks else 0.0, token_ids=token_ids, text=target.tokenizer.decode(token_ids, skip_special_tokens=True))
 
 
 def run_engine(engine, spec: MethodSpec, suite: str, qid, prompt_ids: list[int], sampling: SamplingConfig,
@@ -207,6 +209,7 @@ def run_engine(engine, spec: MethodSpec, suite: str, qid, prompt_ids: list[int],
     accepted: list[int] = []
     tree_steps: dict[str, list[int]] = {}   # which trees the steps ran (an adaptive run moves between them)
     summary = None
+    prefill_ms = 0.0
     adapter = None
     if spec.adaptive:
         # lazy: adapt imports transformers, which `bench --help` (it imports this module) never loads
@@ -218,7 +221,8 @@ def run_engine(engine, spec: MethodSpec, suite: str, qid, prompt_ids: list[int],
         if event.type == "summary":
             summary = event
             continue
-        if event.prefill:
+        if event.prefill:               # the target's prompt forward, and the head's read of the prompt
+            prefill_ms = event.step_ms
             continue
         timed += len(event.new_tokens)
         steps_tokens = tree_steps.setdefault(TreeShape.key(event.tree_config), [0, 0])
@@ -239,7 +243,7 @@ def run_engine(engine, spec: MethodSpec, suite: str, qid, prompt_ids: list[int],
     t = spec.tree
     return RunRecord(suite=suite, question_id=qid, method=spec.label, new_tokens=summary.new_tokens,
                      timed_tokens=timed, seconds=summary.seconds, forwards=summary.target_forwards,
-                     draft_ms=draft, verify_ms=verify, step_ms=step, depth_reached=reached,
+                     draft_ms=draft, verify_ms=verify, step_ms=step, prefill_ms=prefill_ms, depth_reached=reached,
                      depth_accepted=accepted, token_ids=list(summary.token_ids), text=summary.text,
                      tree=t.shape() if t.uses_draft else None, tree_steps=tree_steps)
 

@@ -14,8 +14,8 @@ How (a small bandit over trees, every number measured by the run itself):
   at a prior (the calibration's, else an optimistic guess) that observations move away from
   step by step: one unlucky step (tau 1 where 2.2 is usual) must not bench a tree for the
   rest of the run. A step time more than twice the estimate counts as twice it (a
-  neighbour's burst, a page fault), and the run's first step is not timed at all: it also
-  feeds the whole prompt through the head, a one-off that says nothing about its tree;
+  neighbour's burst, a page fault). The prefill is not observed: it reads the prompt
+  through the target and the head, a one-off that says nothing about any tree;
 * a top-1 chain of depth D that accepted k drafts also tells what every shorter chain of
   depth d <= D would have accepted: min(k, d) (a shorter chain's nodes are the first d nodes
   of the longer one). So one step updates the acceptance of all shorter chains;
@@ -217,9 +217,8 @@ class TreeAdapter:
         done = len(event.new_tokens) < len(event.accepted) + 1     # cut by EOS / the budget: no full bonus
         a = self.arms[arm]
         a.runs += 1
-        if self.steps > 1:          # the first step also read the prompt's pairs through the head
-            ms = event.step_ms if a.ms is None else min(event.step_ms, OUTLIER * a.ms)
-            a.ms = ms if a.ms is None else (1 - self.decay) * a.ms + self.decay * ms
+        ms = event.step_ms if a.ms is None else min(event.step_ms, OUTLIER * a.ms)
+        a.ms = ms if a.ms is None else (1 - self.decay) * a.ms + self.decay * ms
         if done or not a.tree.uses_draft:
             return
         if _is_chain(a.tree):      # a chain of depth D tells every shorter chain: min(k, d)

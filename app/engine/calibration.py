@@ -154,8 +154,8 @@ def calibrate(engine, prompts=CALIBRATION_SETTINGS["prompts"], depth: int = CALI
         for event in engine.generate(prompt, tree=big, sampling=greedy, max_new_tokens=max_new_tokens):
             if event.type != "step":
                 continue
-            if event.prefill or event.step == 1:
-                continue  # the prefill has no tree; step 1 also reads the whole prompt into the head
+            if event.prefill:
+                continue  # the prefill has no tree
 
             tree = event.tree
             chain = top1_chain(tree.parents, tree.confidence)

@@ -10,7 +10,8 @@ State of a generation (``_Run``, run_state.py), with x the committed tokens (pro
                    features (f from the verify forward), paired with the next token
 
 The prefill (step 0) reads the whole prompt in one target forward and takes the first answer
-token from its last row, as plain decoding does; from step 1 on, every step is five verbs
+token from its last row, as plain decoding does; the head then reads the prompt's pairs (all
+but the last, which the first step reads). From step 1 on, every step is five verbs
 (Medusa's loop, EAGLE-2 inside it), each a method below:
 
     draft    the head reads the pending pairs; its last output predicts the feature at the
@@ -215,7 +216,8 @@ class Engine:
                  max_new_tokens: int, largest: TreeConfig) -> tuple[_Run, StepEvent]:
         """Read the whole prompt in one target forward and take the first answer token from
         its last row (greedy: the argmax; sampling: a draw from p), as plain decoding does.
-        The prompt's features become the head's first pending pairs."""
+        The prompt's features become the head's pending pairs, and the head reads all but the
+        last of them here (the step record's ``draft_ms``)."""
         clock = PhaseClock(self.target.device)
         device = self.target.device
         generator = torch.Generator(device=device).manual_seed(sampling.seed)
@@ -243,9 +245,17 @@ class Engine:
         run.stream = TextStream(self.decode)
         text = run.stream.push([first], final=first in self.eos_ids or max_new_tokens <= 1)
         run.drafter = drafters.start(self, tree, prompt_ids, features)
+        clock.lap("record")
+        if uses_draft and first not in self.eos_ids and max_new_tokens > 1:
+            # the head reads the prompt's pairs now, as the target just did: prompt work (tens of
+            # ms for a long prompt), not a decoding step's. The last pair stays pending, so the
+            # first step reads it and drafts from the root as every step does
+            read_pending(self, run, leave=1)
+        clock.lap("draft")
         event = StepEvent(step=0, method=tree.method, tree=None, accepted=[], bonus=first, new_tokens=[first],
                           text=text, rule=verify.rule_for(None, sampling), drafter=None, tree_config=None,
-                          prefill=True, draft_ms=0.0, verify_ms=clock.ms["verify"], step_ms=clock.total_ms)
+                          prefill=True, draft_ms=clock.ms["draft"], verify_ms=clock.ms["verify"],
+                          step_ms=clock.total_ms)
         return run, event
 
     @torch.inference_mode()

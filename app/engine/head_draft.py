@@ -31,24 +31,34 @@ if TYPE_CHECKING:   # for the annotations only: engine.py imports this module
     from app.engine.engine import Engine
 
 
-def read_pending(engine: Engine, run: _Run) -> tuple[torch.Tensor | None, int]:
-    """The head reads the pending pairs (causal among themselves, all of its cache before
-    them). Returns its last output, the predicted feature at the root (1, 1, H), and the
-    head's committed length after reading."""
+def read_pending(engine: Engine, run: _Run, leave: int = 0) -> tuple[torch.Tensor | None, int]:
+    """The head reads the pending pairs but the last ``leave`` (causal among themselves, all of
+    its cache before them). Returns its last output, the predicted feature after the last pair
+    read (1, 1, H: at the root when ``leave`` is 0), and the head's committed length after
+    reading.
+
+    The prefill reads the prompt's pairs with ``leave=1`` (``Engine._prefill``): reading a
+    prompt through the head is prompt work, like the target's prefill, and takes tens of ms
+    for a long one; the first step then reads what is left, as every step does."""
     cache, device = run.draft_cache, engine.target.device
     base = kv.cache_length(cache)
-    n_pending = len(run.pending_tokens)
-    if n_pending == 0:
+    n_read = len(run.pending_tokens) - leave
+    if n_read <= 0:
         return None, base
-    emb = _embed(engine, run.pending_tokens)                                                        # (1, P, H)
-    pos = torch.arange(base, base + n_pending, device=device)[None]                                # (1, P)
+    emb = _embed(engine, run.pending_tokens[:n_read])                                               # (1, P, H)
+    pos = torch.arange(base, base + n_read, device=device)[None]                                   # (1, P)
     # causal over the cache: the fast kernels' head reads that from no mask at all (no mask
     # to build, convert and test key by key, every step)
     mask = None if getattr(engine.draft_forward, "causal_without_mask", False) else \
-        torch.ones(n_pending, base + n_pending, dtype=torch.bool, device=device).tril(base)[None, None]
-    out = engine.draft_forward(emb, run.pending_features, pos, mask, cache)                        # (1, P, H)
-    run.pending_features, run.pending_tokens = None, []
-    return out[:, -1:], base + n_pending
+        torch.ones(n_read, base + n_read, dtype=torch.bool, device=device).tril(base)[None, None]
+    features = run.pending_features if not leave else run.pending_features[:, :n_read]             # (1, P, H)
+    out = engine.draft_forward(emb, features, pos, mask, cache)                                    # (1, P, H)
+    if leave:
+        # a copy: the view would keep the whole prompt's features alive
+        run.pending_features, run.pending_tokens = run.pending_features[:, n_read:].clone(), run.pending_tokens[n_read:]
+    else:
+        run.pending_features, run.pending_tokens = None, []
+    return out[:, -1:], base + n_read
 
 
 def _embed(engine: Engine, tokens: list[int]) -> torch.Tensor:
