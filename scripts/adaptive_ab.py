@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import collections
 import importlib.util
+import inspect
 import os
 import statistics
 import subprocess
@@ -100,7 +101,9 @@ def main() -> int:
     if args.baseline:
         old = adapt_at(args.baseline)
         # the baseline's own candidate set, from the same tuned tree and branch
-        old_candidates = old.default_candidates(best, base=replace(TreeConfig(), lookup=lookup))
+        old_candidates = old.default_candidates(best, base=replace(TreeConfig(), lookup=lookup),
+                                                **({"free_rows": engine.free_rows} if "free_rows" in
+                                                   inspect.signature(old.default_candidates).parameters else {}))
         methods[f"adaptive@{args.baseline}"] = lambda: (engine, start, old.TreeAdapter(old_candidates,
                                                                                         prior_tau=adapter.prior_tau))
     if args.max_chain:
