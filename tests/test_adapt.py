@@ -253,3 +253,25 @@ def test_a_one_node_tuned_tree_is_the_one_node_chain_not_a_second_candidate():
     adapter = TreeAdapter(default_candidates(one))
     adapter.start(one)
     assert adapter.next_tree() == chain(1)
+
+
+def test_the_small_trees_do_not_verify_nodes_too_unlikely_to_pay_for_their_row():
+    """The default's small EAGLE-2 trees leave out nodes whose confidence (the product of q along
+    the path: EAGLE-2's estimate of the chance they are accepted) is below
+    ``SMALL_TREE_MIN_CONFIDENCE``; a chain keeps its nodes (a shorter chain learns from it)."""
+    from app.engine.adapt import SMALL_TREE_MIN_CONFIDENCE
+    from app.engine.tree import grow_tree
+
+    low = SMALL_TREE_MIN_CONFIDENCE / 2
+
+    def propose(tree, frontier, depth):     # the best child q 0.9, the second ``low``, at every node
+        return [[0.9, low] for _ in frontier], [[10 * depth + 1, 10 * depth + 2] for _ in frontier]
+
+    by_key = {TreeAdapter._key(t): t for t in default_candidates()}
+    for key in ("3/2/2", "4/2/2"):
+        grown = grow_tree(by_key[key], propose)
+        assert min(grown.confidence) >= SMALL_TREE_MIN_CONFIDENCE and len(grown) == 2, key   # 0.9, 0.81
+        assert len(grow_tree(replace(by_key[key], min_confidence=0.0), propose)) == by_key[key].total_tokens
+    chain_one = by_key["1/1/1"]
+    assert chain_one.min_confidence == 0.0
+    assert len(grow_tree(chain_one, lambda tree, frontier, depth: ([[low]], [[5]]))) == 1

@@ -73,6 +73,10 @@ def auto_lookup(engine) -> int:
 # 128 tokens, native bfloat16): 3/2/2 and 4/2/2 1.76x and 1.71x our vanilla with a
 # prompt-lookup branch, the chains 2/2/1 1.62x and 3/3/1 1.37x (without one).
 SMALL_TREES = ((3, 2, 2), (4, 2, 2))
+# ... whose nodes below this confidence (EAGLE-2's estimate of the chance the path is
+# accepted) are not verified: where a verify row costs real time (AVX2 in a fast memory
+# phase: ~0.5 ms a row), a node accepted one time in ten does not pay for its row.
+SMALL_TREE_MIN_CONFIDENCE = 0.1
 
 
 # The deepest top-1 chain among the default candidates. On a CPU, with a prompt-lookup branch
@@ -98,7 +102,8 @@ def default_candidates(best: TreeConfig | None = None, max_chain: int = MAX_CHAI
     steps (first tries and refreshes). It is not a candidate there; ``best`` (priced by the
     measured cost curve) always is."""
     out = [VANILLA] + [chain(d, base) for d in range(1, max_chain + 1)]
-    out += [replace(base, method="dynamic", total_tokens=n, depth=d, top_k=k) for n, d, k in SMALL_TREES
+    out += [replace(base, method="dynamic", total_tokens=n, depth=d, top_k=k,
+                    min_confidence=max(base.min_confidence, SMALL_TREE_MIN_CONFIDENCE)) for n, d, k in SMALL_TREES
             if free_rows is None or n + 1 <= free_rows]
     if best is not None and best.method == "dynamic" and not any(_same(best, c) for c in out):
         out.append(replace(best, min_confidence=0.0))
