@@ -35,21 +35,14 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.engine import forward, fused, kernels, kv          # noqa: E402
+from app.engine import device, forward, fused, kernels, kv          # noqa: E402
 from app.engine.loading import load_target          # noqa: E402
 
 
 def copy_bandwidth(threads: int) -> float:
     """GB/s of a 256 MiB copy (bytes read + written), the best of 15 (the machine is shared)."""
     torch.set_num_threads(threads)
-    a = torch.ones(64 * 2 ** 20)
-    b = torch.empty_like(a)
-    times = []
-    for _ in range(15):
-        t0 = time.perf_counter()
-        b.copy_(a)
-        times.append(time.perf_counter() - t0)
-    return 2 * a.numel() * 4 / min(times) / 1e9
+    return device.copy_bandwidth()
 
 
 def baseline_kernels(rev: str):

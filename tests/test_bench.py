@@ -56,6 +56,10 @@ def test_bench_cli_end_to_end(tiny_folders, tmp_path, capsys, monkeypatch):
     assert "× hf-fp32" in md
     # the tables name the target forward they were measured on (which kernels, e.g. AMX tiles)
     assert doc["meta"]["forward"] and f"target forward {doc['meta']['forward']}," in md
+    # ... and the host's memory phase beside the load average: a copy's GB/s at start and end
+    copies = doc["meta"]["copy_gbps_start"], doc["meta"]["copy_gbps_end"]
+    assert all(0.1 < gbps < 10_000 for gbps in copies)
+    assert f"copy bandwidth at start {copies[0]}, at end {copies[1]} GB/s" in md
     assert (out / "plots.html").stat().st_size > 1000
     assert "dynamic:adaptive: steps by tree" in (out / "plots.html").read_text()
 

@@ -29,7 +29,7 @@ from app.args import add_model_arguments, add_tree_arguments, thread_governor, t
 from app.bench.prompts import load_suite, parse_suites
 from app.bench.runners import ALL_METHODS, compiled_peer, parse_methods, run_one
 from app.engine.config import SamplingConfig, check_max_new_tokens
-from app.engine.device import cpu_class_cap
+from app.engine.device import copy_bandwidth, cpu_class_cap
 from app.engine.sources import check_before_loading
 from app.engine.spec import KNOB
 from app.engine.threads import REUSE_S, engine_probe
@@ -96,6 +96,12 @@ def _load() -> str:
         return "%.2f" % os.getloadavg()[0]
     except OSError:
         return "?"
+
+
+def _copy_gbps(engine) -> float | None:
+    """The host's copy bandwidth now (GB/s, ``device.copy_bandwidth``) where the target runs on
+    the CPU, else None."""
+    return round(copy_bandwidth(), 1) if engine.target.device.type == "cpu" else None
 
 
 def _command(args) -> str:
@@ -173,6 +179,7 @@ def run_benchmark(engines, args, suites, specs, sampling) -> int:
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     t_start = time.perf_counter()
     load_start = _load()
+    copy_start = _copy_gbps(engines[None])
     out = Path(args.out or f"runs/bench-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
     out.mkdir(parents=True, exist_ok=True)
     prompts = [p for s in suites for p in load_suite(s, args.limit or None)]
@@ -251,6 +258,7 @@ def run_benchmark(engines, args, suites, specs, sampling) -> int:
         f"auto (per prompt, the same for its methods, timed every {int(REUSE_S)} s; runs): "
         + ", ".join(f"{n} thread(s) x{sum(r.threads == n for r in records)}" for n in sorted({r.threads for r in records})),
         "busy_processes": args.busy, "load_start": load_start, "load_end": _load(),
+        "copy_gbps_start": copy_start, "copy_gbps_end": _copy_gbps(engine),
         "target": engine.target.name, "head": head or "none (no tree method)",
         "medusa": str(engine.medusa.folder) if engine.medusa is not None else None,
         "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "seed": args.seed,

@@ -67,3 +67,21 @@ def choose_device(device: str | None = None) -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device cuda was asked for but no CUDA GPU is available")
     return dev
+
+
+def copy_bandwidth(mib: int = 256, repeats: int = 15) -> float:
+    """GB/s of a ``mib`` MiB copy in host memory (bytes read + written, STREAM's convention),
+    the best of ``repeats`` on the current torch threads: what one decoding step's weight
+    stream can reach. On a shared VM it moves with the host's memory phase (35-88 GB/s on one
+    2-vCPU EPYC), and a tree's ratio to plain decoding moves with it, so timings carry it."""
+    import time
+
+    a = torch.ones(mib * 2 ** 18)          # float32: mib MiB
+    b = torch.empty_like(a)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        b.copy_(a)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * a.numel() * 4 / best / 1e9
+
