@@ -147,6 +147,9 @@ def test_phase_account_names_the_three_phases(run):
     vanilla = StepEvent(step=0, method="vanilla", tree=None, accepted=[], bonus=7, new_tokens=[7], text="x",
                         prefill=True, verify_ms=3.0)
     assert "reads the prompt**" not in phase_account(vanilla, 4)
+    ended = StepEvent(step=0, method="dynamic", tree=None, accepted=[], bonus=7, new_tokens=[7], text="x",
+                      prefill=True, verify_ms=3.0)        # the answer's only token: the head read nothing
+    assert "reads the prompt**" not in phase_account(ended, 0)
 
 
 def test_tree_size_figure_and_text_show_autotunes_choice():

@@ -197,7 +197,8 @@ def run_hf(target, spec: MethodSpec, suite: str, qid, prompt_ids: list[int], sam
     token_ids = clock.ids[:max_new_tokens]
     return RunRecord(suite=suite, question_id=qid, method=spec.label, new_tokens=len(token_ids),
                      timed_tokens=len(clock.ids) - n_first, seconds=seconds, forwards=max(0, len(marks) - 1),
-                     prefill_ms=(marks[0][0] - start) * 1e3 if marks else 0.0, token_ids=token_ids, text=target.tokenizer.decode(token_ids, skip_special_tokens=True))
+                     prefill_ms=(marks[0][0] - start) * 1e3 if marks else 0.0, token_ids=token_ids,
+                     text=target.tokenizer.decode(token_ids, skip_special_tokens=True))
 
 
 def run_engine(engine, spec: MethodSpec, suite: str, qid, prompt_ids: list[int], sampling: SamplingConfig,

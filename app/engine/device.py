@@ -4,6 +4,7 @@ of them."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -74,8 +75,6 @@ def copy_bandwidth(mib: int = 256, repeats: int = 15) -> float:
     the best of ``repeats`` on the current torch threads: what one decoding step's weight
     stream can reach. On a shared VM it moves with the host's memory phase (35-88 GB/s on one
     2-vCPU EPYC), and a tree's ratio to plain decoding moves with it, so timings carry it."""
-    import time
-
     a = torch.ones(mib * 2 ** 18)          # float32: mib MiB
     b = torch.empty_like(a)
     best = float("inf")
@@ -84,4 +83,3 @@ def copy_bandwidth(mib: int = 256, repeats: int = 15) -> float:
         b.copy_(a)
         best = min(best, time.perf_counter() - t0)
     return 2 * a.numel() * 4 / best / 1e9
-

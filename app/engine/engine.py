@@ -245,16 +245,16 @@ class Engine:
         run.stream = TextStream(self.decode)
         text = run.stream.push([first], final=first in self.eos_ids or max_new_tokens <= 1)
         run.drafter = drafters.start(self, tree, prompt_ids, features)
-        clock.lap("record")
         if uses_draft and first not in self.eos_ids and max_new_tokens > 1:
             # the head reads the prompt's pairs now, as the target just did: prompt work (tens of
             # ms for a long prompt), not a decoding step's. The last pair stays pending, so the
             # first step reads it and drafts from the root as every step does
+            clock.lap("record")
             read_pending(self, run, leave=1)
-        clock.lap("draft")
+            clock.lap("draft")
         event = StepEvent(step=0, method=tree.method, tree=None, accepted=[], bonus=first, new_tokens=[first],
                           text=text, rule=verify.rule_for(None, sampling), drafter=None, tree_config=None,
-                          prefill=True, draft_ms=clock.ms["draft"], verify_ms=clock.ms["verify"],
+                          prefill=True, draft_ms=clock.ms.get("draft", 0.0), verify_ms=clock.ms["verify"],
                           step_ms=clock.total_ms)
         return run, event
 

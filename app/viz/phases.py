@@ -127,7 +127,7 @@ def phase_account(step: StepEvent | None, total_steps: int | None = None, number
                 f"**`{show_token(step.text, escape=False)}`**; from step 1 on, the head drafts from it."
                 + (f"\n3. **The head reads the prompt**: the target's feature at each prompt token, paired "
                    f"with the next token, through the EAGLE head's layer, which fills its own cache "
-                   f"({step.draft_ms:.1f} ms)." if step.method in HEAD_METHODS else ""))
+                   f"({step.draft_ms:.1f} ms)." if step.method in HEAD_METHODS and step.draft_ms > 0 else ""))
     if step.tree is None or not len(step.tree):
         return (f"**Step {number}{of}** — no draft tree.\n\n"
                 f"1. **Draft**: nothing drafted ({'vanilla decoding' if step.method == 'vanilla' else 'no draft this step'}).\n"
