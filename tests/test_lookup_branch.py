@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from app.bench.runners import parse_methods
-from app.engine.adapt import AUTO_LOOKUP, WIDE_LOOKUP, TreeAdapter, adapter_for, auto_lookup, chain
+from app.engine.adapt import (AUTO_LOOKUP, WIDE_LOOKUP, WIDEST_LOOKUP, TreeAdapter, adapter_for, auto_lookup,
+                              chain)
 from app.engine.config import SamplingConfig, TreeConfig
 from app.engine.drafters.pld import NgramIndex, lookup
 from app.engine.engine import Engine
@@ -224,9 +225,11 @@ def test_the_auto_tree_verifies_a_branch_unless_told_not_to(tiny):
     assert start.lookup == n and all(t.lookup == n for t in adapter.candidates if t.uses_draft)
     assert adapter.largest(start).lookup == n
     # the branch may copy more where the verify forward takes 8 rows or more for about the
-    # price of one (AVX-512's register block, AMX tiles), not AVX2's 4 nor a GPU's eager forward
+    # price of one (AVX-512's register block), most with 16 (AMX tiles); not with AVX2's 4 nor
+    # a GPU's eager forward
+    assert AUTO_LOOKUP < WIDE_LOOKUP < WIDEST_LOOKUP
     for free, expected in ((None, AUTO_LOOKUP), (4, AUTO_LOOKUP), (7, AUTO_LOOKUP), (8, WIDE_LOOKUP),
-                           (16, WIDE_LOOKUP)):
+                           (15, WIDE_LOOKUP), (16, WIDEST_LOOKUP)):
         engine.free_rows = free
         assert auto_lookup(engine) == expected
         assert adapter_for(engine, TreeConfig(), measure=False)[0].lookup == expected

@@ -657,7 +657,7 @@ def test_load_context_sizes_the_default_tree_for_this_machine(tiny, tmp_path, mo
     assert blocks["depth"].value == tree.depth
     # beside it a prompt-lookup branch, as the CLI's auto tree has: in the lookup knob and the header
     from app.engine.adapt import auto_lookup
-    lookup = auto_lookup(ctx.engine)           # 3, or 8 where the verify forward has 8 free rows or more
+    lookup = auto_lookup(ctx.engine)           # 3, or more where the verify forward has 8 free rows or more
     assert tree.lookup == lookup and blocks["lookup"].value == lookup
     assert f"prompt-lookup branch** beside it (up to {lookup} tokens" in blocks["header"].value
     # the tab "Tree size for this machine" shows the report behind the choice

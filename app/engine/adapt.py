@@ -50,21 +50,26 @@ VANILLA = TreeConfig(method="vanilla")
 # (``TreeConfig.lookup``): on the six evaluation suites it raised tau at 4/2/2 from 1.84 to
 # 2.12 and tokens/s by 13% over the head's tree alone (benchmarks/fast-forward/lookup-branch.md).
 AUTO_LOOKUP = 3
-# ... and this many where the verify forward takes 8 or more rows for about the price of one
+# ... and more where the verify forward takes 8 or more rows for about the price of one
 # (AVX-512: one register block of 8 rows; AMX tiles: 16). The branch still only fills the
-# rows the head's tree leaves free (``Engine._with_lookup_branch``). A branch of 8 beat one of
-# 3 by 2-7% in three runs on the AMX Xeon (benchmarks/fast-forward/amx.md), and on a Zen 5
-# EPYC (AVX-512, 8 free rows) the adaptive default ran 1.50-1.59x our vanilla with it against
-# 1.46-1.55x with 3, in three interleaved runs of 24 prompts (benchmarks/fast-forward/zen5.md).
-WIDE_LOOKUP = 8
+# rows the head's tree leaves free (``Engine._with_lookup_branch``), and beyond them takes the
+# places of the head's least confident nodes. With 16 free rows (the AMX Xeon) a branch of 8
+# beat one of 3 by 2-7% in three runs (benchmarks/fast-forward/amx.md). With 8 (a Zen 5
+# EPYC), 8 beat 3 (1.50-1.59x our vanilla against 1.46-1.55x, zen5.md), and 5 beat 8 in four
+# interleaved runs of 24 prompts (+0.6 to +3.7%; 8 longer branches displaced head nodes and
+# cost rows on long prompts: sum 1.32x against 1.23x; lookup-branch.md).
+WIDE_LOOKUP = 5
 WIDE_ROWS = 8
+WIDEST_LOOKUP = 8
+WIDEST_ROWS = 16
 
 
 def auto_lookup(engine) -> int:
-    """The prompt-lookup branch of the adaptive default on ``engine``: ``WIDE_LOOKUP`` where its
-    verify forward computes ``WIDE_ROWS`` rows or more at about the cost of one
-    (``Engine.free_rows``), else ``AUTO_LOOKUP``."""
-    return WIDE_LOOKUP if (engine.free_rows or 0) >= WIDE_ROWS else AUTO_LOOKUP
+    """The prompt-lookup branch of the adaptive default on ``engine``, by the rows its verify
+    forward computes at about the cost of one (``Engine.free_rows``): ``WIDEST_LOOKUP`` from
+    ``WIDEST_ROWS``, ``WIDE_LOOKUP`` from ``WIDE_ROWS``, else ``AUTO_LOOKUP``."""
+    free = engine.free_rows or 0
+    return WIDEST_LOOKUP if free >= WIDEST_ROWS else WIDE_LOOKUP if free >= WIDE_ROWS else AUTO_LOOKUP
 
 
 # Small EAGLE-2 trees (total/depth/top_k) beside the chains: where a forward over 4-5 rows
