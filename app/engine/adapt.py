@@ -56,8 +56,8 @@ AUTO_LOOKUP = 3
 # places of the head's least confident nodes. With 16 free rows (the AMX Xeon) a branch of 8
 # beat one of 3 by 2-7% in three runs (benchmarks/fast-forward/amx.md). With 8 (a Zen 5
 # EPYC), 8 beat 3 (1.50-1.59x our vanilla against 1.46-1.55x, zen5.md), and 5 beat 8 in four
-# interleaved runs of 24 prompts (+0.6 to +3.7%; 8 longer branches displaced head nodes and
-# cost rows on long prompts: sum 1.32x against 1.23x; lookup-branch.md).
+# interleaved runs of 24 prompts (+0.6 to +3.7%: a branch of 8 displaced more of the head's
+# nodes and cost rows on long prompts, sum 1.23x against 1.32x; lookup-branch.md).
 WIDE_LOOKUP = 5
 WIDE_ROWS = 8
 WIDEST_LOOKUP = 8
