@@ -144,7 +144,8 @@ def test_suites_are_shipped_with_the_repo():
 def _run(method, qid, tokens, seconds, forwards, draft=0.0, verify=0.0, step=0.0, reached=(), acc=(), ids=(1,),
          prefill=0.0):
     return RunRecord(suite="s", question_id=qid, method=method, new_tokens=tokens, timed_tokens=tokens,
-                     seconds=seconds, forwards=forwards, draft_ms=draft, verify_ms=verify, step_ms=step, prefill_ms=prefill,
+                     seconds=seconds, forwards=forwards, draft_ms=draft, verify_ms=verify, step_ms=step,
+                     prefill_ms=prefill,
                      depth_reached=list(reached), depth_accepted=list(acc), token_ids=list(ids))
 
 

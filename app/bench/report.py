@@ -155,7 +155,8 @@ def markdown_report(summary: dict, meta: dict) -> str:
     lines.append("")
     forward = f", target forward {meta['forward']}" if meta.get("forward") else ""
     lines.append(f"- machine: {meta['machine']}; device {meta['device']}, dtype {meta['dtype']}{forward}, "
-                 f"torch threads {meta['threads']}, load average at start {meta['load_start']}, at end {meta.get('load_end')}"
+                 f"torch threads {meta['threads']}, load average at start {meta['load_start']}, "
+                 f"at end {meta.get('load_end')}"
                  + (f"; copy bandwidth at start {meta['copy_gbps_start']}, at end {meta.get('copy_gbps_end')} GB/s "
                     "(a 256 MiB copy: the host's memory phase, which moves every tree's ratio to vanilla)"
                     if meta.get("copy_gbps_start") else ""))

@@ -26,8 +26,9 @@ from app.ui.settings import ServerConfig, load_context
 # 1-chat opens the page (a branchy tree small enough to read every node, and one that pays on
 # the fast forward: root + 7 nodes fill one 8-row register block with AVX-512, where 8/3/4's
 # ninth row cost a second block, 1.23x against 1.59x vanilla at the same tau 2.10), 2-code a
-# plain chain on text the head drafts well, 3-math a run that adapts its tree while decoding, 4-summary the tree tuned for the recording machine
-# (`python -m app tune`: 4 / 2 / 8 on the 2-core EPYC with native bfloat16), 5-code-big-tree
+# plain chain on text the head drafts well, 3-math a run that adapts its tree while decoding,
+# 4-summary the tree tuned for the recording machine (`python -m app tune`: 4 / 2 / 8 on the
+# 2-core EPYC with native bfloat16), 5-code-big-tree
 # the EAGLE-2 paper's GPU tree (60 / 5 / 10: a forward over 61 rows costs ~4x one over 1 on a
 # CPU core, so it loses time there), 6-chat-sampled sampled verification (a chain drafted
 # from q, kept with min(1, p/q)).

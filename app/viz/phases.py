@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from app.engine.config import TreeShape
-from app.engine.spec import HEAD_METHODS
 from app.engine.events import StepEvent
 from app.engine.events import GREEDY, SAMPLED_CHAIN, SAMPLED_TREE
 from app.viz.stream import split_step_text
@@ -127,7 +126,7 @@ def phase_account(step: StepEvent | None, total_steps: int | None = None, number
                 f"**`{show_token(step.text, escape=False)}`**; from step 1 on, the head drafts from it."
                 + (f"\n3. **The head reads the prompt**: the target's feature at each prompt token, paired "
                    f"with the next token, through the EAGLE head's layer, which fills its own cache "
-                   f"({step.draft_ms:.1f} ms)." if step.method in HEAD_METHODS and step.draft_ms > 0 else ""))
+                   f"({step.draft_ms:.1f} ms)." if step.draft_ms > 0 else ""))   # only the head drafts in a prefill
     if step.tree is None or not len(step.tree):
         return (f"**Step {number}{of}** — no draft tree.\n\n"
                 f"1. **Draft**: nothing drafted ({'vanilla decoding' if step.method == 'vanilla' else 'no draft this step'}).\n"
