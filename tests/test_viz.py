@@ -136,7 +136,7 @@ def test_phase_account_names_the_three_phases(run):
     steps, _ = run
     s = steps[1]
     text = phase_account(s, len(steps))
-    assert f"{len(s.tree)} nodes in {max(s.tree.depths)} level" in text
+    assert f"EAGLE head proposed **{len(s.tree)} nodes in {max(s.tree.depths)} level" in text
     assert f"one target forward over {len(s.tree) + 1} tokens" in text
     assert f"{len(s.accepted)} draft token" in text
     assert "No step" in phase_account(None)
@@ -150,6 +150,25 @@ def test_phase_account_names_the_three_phases(run):
     ended = StepEvent(step=0, method="dynamic", tree=None, accepted=[], bonus=7, new_tokens=[7], text="x",
                       prefill=True, verify_ms=3.0)        # the answer's only token: the head read nothing
     assert "reads the prompt**" not in phase_account(ended, 0)
+
+
+def test_draft_account_tells_the_heads_nodes_from_a_lookup_branch_and_names_other_drafters():
+    """The head's levels are its own nodes' depth: a prompt-lookup branch beside them is
+    counted apart, and a step drafted by prompt lookup alone does not speak of a head."""
+    tree = DraftTreeRecord(root_token=0, tokens=[1, 2, 3, 4, 5], texts=list("abcde"), parents=[-1, -1, 0, 2, 3],
+                           depths=[1, 1, 2, 3, 4], q=[0.9, 0.05, 1.0, 1.0, 1.0], confidence=[0.9, 0.05, 1, 1, 1],
+                           p=None, status=["accepted", "rejected", "accepted", "accepted", "rejected"],
+                           source=[None, None, "pld", "pld", "pld"])
+    step = StepEvent(step=3, method="dynamic", tree=tree, accepted=[1, 3, 4], bonus=9, new_tokens=[1, 3, 4, 9],
+                     text="acdx", draft_ms=0.8, drafter="eagle2")
+    text = phase_account(step, 10)
+    assert "the EAGLE head proposed **2 nodes in 1 level**" in text
+    assert "prompt lookup added **3 more** beside them" in text
+    assert "one target forward over 6 tokens" in text
+    pld = replace(step, method="pld", drafter="pld",
+                  tree=replace(tree, source=None, parents=[-1, 0, 1, 2, 3], depths=[1, 2, 3, 4, 5]))
+    text = phase_account(pld, 10)
+    assert "the prompt lookup proposed **5 nodes in 5 levels** (copied from" in text and "head" not in text
 
 
 def test_tree_size_figure_and_text_show_autotunes_choice():

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from app.engine.config import TreeShape
+from app.engine.drafters.registry import DEFAULT_HEAD_KIND, DRAFTER, DRAFTER_LABELS
 from app.engine.events import StepEvent
 from app.engine.events import GREEDY, SAMPLED_CHAIN, SAMPLED_TREE
 from app.viz.stream import split_step_text
@@ -101,6 +102,34 @@ def tree_change(step: StepEvent, previous: StepEvent | None, why: str | None = N
     return f"**Tree changed: {tree_shape(now)}, was {tree_shape(before)}** — {reason}."
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def draft_account(step: StepEvent) -> str:
+    """Markdown: who proposed the step's nodes, how many and over how many levels, and how.
+
+    An EAGLE head runs its layer once a level; the other drafters say how they propose
+    (``DrafterInfo.proposes``). Nodes another source hung beside the drafter's (the
+    prompt-lookup branch, ``DraftTreeRecord.source``) are counted apart: they are not the
+    head's, and their depth is not the head's levels."""
+    tree = step.tree
+    source = tree.source or [None] * len(tree)
+    own = [i for i, s in enumerate(source) if s is None]
+    who = step.drafter or (step.method if step.method in DRAFTER else DEFAULT_HEAD_KIND)
+    info = DRAFTER.get(who)
+    how = info.proposes if info else "one small forward of its layer a level"
+    levels = max((tree.depths[i] for i in own), default=0)
+    text = (f"1. **Draft**: the {DRAFTER_LABELS.get(who, who)} proposed "
+            f"**{_plural(len(own), 'node')} in {_plural(levels, 'level')}** ({how})")
+    for other in dict.fromkeys(s for s in source if s is not None):        # in first-seen order
+        n = source.count(other)
+        extra = DRAFTER[other].proposes if other in DRAFTER else ""
+        text += (f"; {DRAFTER_LABELS.get(other, other)} added **{n} more** beside them, in orange"
+                 + (f" ({extra})" if extra else ""))
+    return text + f". Drafting took {step.draft_ms:.1f} ms.\n"
+
+
 def phase_account(step: StepEvent | None, total_steps: int | None = None, number: int | None = None,
                   previous: StepEvent | None = None, why: str | None = None) -> str:
     """Markdown: what the draft head proposed, what the one target forward checked, and what
@@ -133,7 +162,6 @@ def phase_account(step: StepEvent | None, total_steps: int | None = None, number
                 f"2. **Verify**: one target forward over 1 token ({step.verify_ms:.1f} ms).\n"
                 f"3. **Accept**: the target's own next token **`{show_token(step.text, escape=False)}`**.")
     tree = step.tree
-    levels = max(tree.depths)
     accepted_ids = sorted((i for i, s in enumerate(tree.status) if s == "accepted"), key=lambda i: tree.depths[i])
     # the tokens kept are the step's own count (``step.accepted``); a path the target agreed with
     # beyond the answer's end (EOS, the token budget) is not counted, and said so
@@ -147,8 +175,7 @@ def phase_account(step: StepEvent | None, total_steps: int | None = None, number
     change = tree_change(step, previous, why)
     shape = f", tree {tree_shape(step.tree_config)}" if step.tree_config else ""
     return (f"**Step {number}{of}** ({step.method}{shape})\n\n" + (f"{change}\n\n" if change else "") +
-            f"1. **Draft**: the head proposed **{len(tree)} nodes in {levels} level{'s' if levels != 1 else ''}** "
-            f"({levels} small head forwards, {step.draft_ms:.1f} ms).\n"
+            draft_account(step) +
             f"2. **Verify**: **one target forward over {len(tree) + 1} tokens** — the root plus every node, "
             f"each seeing only its own ancestors through the tree attention mask ({step.verify_ms:.1f} ms).\n"
             f"3. **Accept**: **{len(step.accepted)} draft token{'s' if len(step.accepted) != 1 else ''}** "

@@ -31,6 +31,7 @@ class DrafterInfo:
               not a model's probability; the step records say so (``tree_config["q"]``)
     weights:  the engine attribute holding the trained weights it needs ("" for none)
     max_path: the most draft tokens one step can accept, where it is not ``depth``
+    proposes: how it proposes a step's nodes, in the page's words (after "… proposed N nodes,")
     """
 
     method: str
@@ -41,14 +42,18 @@ class DrafterInfo:
     count_q: bool = False
     weights: str = ""
     max_path: Callable | None = None
+    proposes: str = ""
 
 
 DRAFTERS: tuple[DrafterInfo, ...] = (
-    DrafterInfo("pld", "prompt lookup", "app.engine.drafters.pld:PromptLookup", knobs=("ngram",), count_q=True),
+    DrafterInfo("pld", "prompt lookup", "app.engine.drafters.pld:PromptLookup", knobs=("ngram",), count_q=True,
+                proposes="copied from where the text's last tokens appeared before; no model ran"),
     DrafterInfo("lookahead", "lookahead pool", "app.engine.drafters.lookahead:Lookahead",
                 knobs=("ngram", "window", "pool"), lowest={"ngram": 2}, count_q=True,
-                max_path=lambda cfg: min(cfg.total_tokens, max(cfg.window, cfg.ngram - 1))),
-    DrafterInfo("medusa", "Medusa heads", "app.engine.drafters.medusa:MedusaDrafter", weights="medusa"),
+                max_path=lambda cfg: min(cfg.total_tokens, max(cfg.window, cfg.ngram - 1)),
+                proposes="its Jacobi window and the n-grams of its pool; no model ran"),
+    DrafterInfo("medusa", "Medusa heads", "app.engine.drafters.medusa:MedusaDrafter", weights="medusa",
+                proposes="each head's top tokens for its own depth, from one pass over the last feature"),
 )
 DRAFTER: dict[str, DrafterInfo] = {d.method: d for d in DRAFTERS}
 
