@@ -135,3 +135,18 @@ def test_methods_table_marks_differences_within_the_noise():
     assert "within noise of vanilla" in table.lower() and "prompt lookup and Medusa" in table
     assert f"{race_speedup(noisy, vanilla).total:.2f}×" in rows["Medusa"]
     assert f"{race_speedup(noisy, vanilla).total:.2f}×" in methods.literature_table(summaries, steps)
+
+
+def test_a_method_ahead_in_every_turn_is_not_called_within_noise_of_another():
+    """EAGLE-2 1.45x (1.21-1.98) and prompt lookup 1.06x (0.97-1.30) were called "within noise
+    of each other" because their ranges overlapped; EAGLE-2 was ahead in every turn."""
+    vanilla = timed([(1, 10.0)] * 32)
+    ahead = timed([(1, 8.0)] * 16 + [(1, 5.0)] * 16)          # 1.25x, then 2.0x
+    behind = timed([(1, 10.0)] * 16 + [(1, 7.7)] * 16)        # 1.0x, then 1.3x: ranges overlap
+    traded = timed([(1, 7.0)] * 16 + [(1, 9.0)] * 16)         # 1.43x, then 1.11x: ahead of `behind` once
+    steps = {"vanilla": vanilla, "dynamic": ahead, "pld": behind, "medusa": traded}
+    summaries = {m: summary(1.0, 100.0 / (sum(s.step_ms for s in v[1:]) / 32), m) for m, v in steps.items()}
+    table = methods.methods_table(summaries, {}, steps)
+    assert race_speedup(ahead, vanilla).low <= race_speedup(behind, vanilla).high      # the ranges do overlap
+    assert "EAGLE-2 (dynamic tree) and prompt lookup" not in table
+    assert "prompt lookup and Medusa (prompt lookup ahead in 1 of 2 turns)" in table
