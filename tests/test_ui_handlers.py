@@ -48,6 +48,9 @@ def test_generate_streams_then_races(finished):
     # range: a component update on every view made Gradio rebuild its config and slowed decoding.
     assert [i for i, v in enumerate(views) if isinstance(v.get("slider"), tuple)] == [0, len(views) - 1]
     assert views[0]["slider"] == (BASE["max_new_tokens"] - 1, 0)
+    # the race and the running numbers name the method as the page does elsewhere, not "dynamic"
+    assert [t.name for t in final["race"].data] == ["EAGLE-2 (dynamic tree)", "vanilla"]
+    assert views[1]["speedup"].startswith("**EAGLE-2 (dynamic tree)**:")
 
 
 def test_the_race_never_reuses_a_vanilla_timing(ctx):

@@ -75,6 +75,13 @@ METHOD_NAMES = {
 }
 
 
+def method_name(method: str, steps: list[StepEvent] = ()) -> str:
+    """The page's name for a run's method ("EAGLE-2 (dynamic tree)", not "dynamic"); a tree
+    drafted by another head kind than the default is named for it ("dynamic@eagle3")."""
+    drafter = next((s.drafter for s in steps if s.drafter), None)
+    return METHOD_NAMES.get(f"{method}@{drafter}", METHOD_NAMES.get(method, method))
+
+
 def methods_race_figure(runs: dict[str, list[StepEvent]], height: int = 320):
     """Tokens against decoding seconds, one line per method (``runs``: method -> its steps)."""
     data = []

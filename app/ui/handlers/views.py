@@ -11,6 +11,7 @@ from app.ui.handlers.speedup import speedup_headline, speedup_text
 from app.ui.session import Session
 from app.viz.compare import ab_trees_figure
 from app.viz.insights import calibration_figure, depth_figure, tokens_per_step_figure
+from app.viz.methods import method_name
 from app.viz.phases import decoding_total, phase_account, step_number
 from app.viz.race import race_figure
 from app.viz.stream import stream_html
@@ -94,17 +95,18 @@ def live_view(session: Session, status: str, vanilla_steps: list[StepEvent] | No
     n, _, rate = _rate(steps)
     forwards = max(len(steps) - 1, 0)
     tau = n / forwards if forwards else 0.0
+    name = method_name(session.settings.get("method", "EAGLE"), steps)
     return {"status": status,
             "stream": stream_html(steps),
             **step_view(session, len(steps) - 1 if steps else None, compare=False),
-            "speedup": f"**{session.settings.get('method', '')}**: {n} tokens in {forwards} decoding steps, "
+            "speedup": f"**{name}**: {n} tokens in {forwards} decoding steps, "
                        f"τ = {tau:.2f} tokens/forward, {rate:.1f} tokens/s so far",
             # A plain value, not a (maximum, value) component update: Gradio rebuilds a
             # component's whole config (JSON schema included) on every property update, which
             # cost the engine ~10% of its speed at 4 updates/s. The run's first view sets the
             # slider's range once (``_first_view``), the final view shrinks it to the steps made.
             "slider": max(len(steps) - 1, 0),
-            "race": race_figure(steps, vanilla_steps, eagle_label=session.settings.get("method", "EAGLE"))}
+            "race": race_figure(steps, vanilla_steps, eagle_label=name)}
 
 
 def run_status(session: Session, index: int | None) -> str:
@@ -133,7 +135,7 @@ def final_view(session: Session, status: str, index: int | None = None) -> dict:
             **step_view(session, index if steps else None, decoding_total(steps)),
             "speedup": speedup_text(session),
             "race": race_figure(steps, session.race_vanilla.steps if session.race_vanilla else None,
-                                eagle_label=session.settings.get("method", "EAGLE")),
+                                eagle_label=method_name(session.settings.get("method", "EAGLE"), steps)),
             "slider": (last, index),
             "depth": depth_figure(steps), "calibration": calibration_figure(steps),
             "per_step": tokens_per_step_figure(steps)}
