@@ -95,9 +95,10 @@ Speculative decoding lets a small *draft* make guesses that the target checks al
 So each step yields **accepted draft tokens + 1 bonus token** for one target forward; the mean
 of that count is **τ**. When the draft is cheap and a forward over the tree costs about as much
 as a forward over one token (a big model on a GPU), τ ≈ the speedup. A small model on a CPU
-breaks both assumptions — the head costs a sizeable share of the target, and 25 tokens cost
-several times one — so there the race can show a speedup below 1 even with τ > 1: the race
-measures, it does not assume. EAGLE-2's key observation,
+bends both: the head's layer and its LM head cost about a tenth of a target forward, and each
+row of the tree adds multiply-adds, which a CPU without native bfloat16 feels most (*Tree size
+for this machine* shows the measured cost of a forward by its rows). So the race can show a
+speedup below 1 even with τ > 1: the race measures, it does not assume. EAGLE-2's key observation,
 shown in *Insights → calibration*, is that draft confidence closely tracks the real acceptance
 rate, so spending the tree's budget on confident nodes pays.
 
@@ -106,8 +107,8 @@ rate, so spending the tree's budget on confident nodes pays.
 | | what changed | the papers' speedup | measured here (SmolLM2-135M target, greedy) |
 |---|---|---|---|
 | **EAGLE** | the draft works on *features*: one decoder layer reads the target's last hidden state and the next token, predicts the next hidden state, and the target's own LM head turns it into tokens; a fixed tree shape | 2.7–3.5× (LLaMA2-Chat 70B) | static 24-node tree with the shipped head: τ 2.69 on mt_bench |
-| **EAGLE-2** | the same head; the tree is *dynamic*: the draft's confidence tracks acceptance, so the most confident nodes are expanded and the best `total_tokens` kept | 3.05–4.26× | 60/5/10 tree: τ 3.05 on all 80 mt_bench prompts; the 2-node chain accepts 0.56 per depth |
-| **EAGLE-3** | no feature regression: trained on tokens only, with *training-time test* (it learns from its own earlier drafts, as it drafts); it reads low, mid and high target layers fused by one linear layer, and drafts over a smaller vocabulary | up to 6.5× (≈1.4× EAGLE-2) | not shipped: trained here for 30 min on 830 answers, held-out depth-1 acceptance 0.33 against 0.47 for EAGLE-2's recipe on the same data and time (each EAGLE-3 step costs 4.5× on this CPU; per step the two learn alike) |
+| **EAGLE-2** | the same head; the tree is *dynamic*: the draft's confidence tracks acceptance, so the most confident nodes are expanded and the best `total_tokens` kept | 3.05–4.26× | 60/5/10 tree: τ 3.05 on all 80 mt_bench prompts; the 3-node tree 3/2/2 with a prompt-lookup branch, the size a 2-core CPU runs fastest: τ 2.19 and 1.71× plain decoding over six prompt sets |
+| **EAGLE-3** | no feature regression: trained on tokens only, with *training-time test* (it learns from its own earlier drafts, as it drafts); it reads low, mid and high target layers fused by one linear layer, and drafts over a smaller vocabulary | up to 6.5× (≈1.4× EAGLE-2) | not shipped: trained here on 1.85M answer tokens, held-out depth-1 acceptance 0.638 against the shipped EAGLE-2 head's 0.686, τ 1.97 against 2.05 at an 8/3/4 tree; given the same data and 55 minutes of this CPU each, 0.46 against 0.58 for EAGLE-2's recipe (`benchmarks/eagle3-vs-eagle2-equal-time.md`) |
 
 **Methods here:** `dynamic` (EAGLE-2), `static` (EAGLE-1's fixed tree shape), `chain` (classic
 one-guess-per-level speculative decoding with the same head), `threshold` (children only above
@@ -115,7 +116,7 @@ confidence thresholds τ_high / τ_low), and `vanilla` (no draft, one token per 
 
 **Sampling (temperature > 0):** a tree's children are the draft's top-k guesses, and the target
 accepts each with its own probability of that token, trying siblings in turn. A tree one node
-wide (`chain`, or `dynamic` with top_k = 1, the size a small CPU affords) instead *samples* each
+wide (`chain`, or `dynamic` with top_k = 1) instead *samples* each
 guess from the draft's `q` and accepts it with probability min(1, p/q): when q is close to p
 that accepts far more often (here, at temperature 1 over six prompt sets, 0.47 against 0.25 at
 depth 1). Both rules keep the output distributed exactly as the target's.
