@@ -145,7 +145,8 @@ HOW_IT_WORKS_VIEWS = (
     f"**The tree attention mask** (tab *Attention mask*). {mask_caption()}\n\n"
     f"**The KV cache** (tab *KV cache*). {kv_caption()}\n\n"
     "**Step numbers.** Step 0 is the *prefill*: one forward over the whole prompt, which fills the cache "
-    "and yields the first token (no tree yet). Steps 1, 2, … are the decoding steps, each one "
+    "and yields the first token; the EAGLE head then reads the prompt's features into its own cache "
+    "(no tree yet). Steps 1, 2, … are the decoding steps, each one "
     "draft → verify → accept.")
 
 EXAMPLES = (
