@@ -4,6 +4,7 @@ same computation, so they cannot contradict each other."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -74,10 +75,21 @@ def test_ab_sets_each_run_against_its_own_vanilla_and_claims_only_what_the_numbe
     assert "1.23×" in text and "0.69×" in text and "own vanilla" in text
     assert "×1.14" not in text and "accepts more" not in text and "accepted more" not in text
     assert "same τ" in text
-    assert "beyond the chunk ranges" in text
-    text = compare.ab_caption(summary(2.0, 30.0), summary(3.1, 20.0), ("A: x", "B: y"),
-                              races=(_Race(1.2, 1.0, 1.4), _Race(1.1, 0.9, 1.3)), sizes=(16, 60))
-    assert "B accepted more" in text and "bigger tree" in text and "no winner" in text
+    assert "A was faster in every one of the 2 stretches" in text
+    # the same text, overlapping ranges, A ahead in every stretch: A was faster, not "no winner"
+    overlapping = (_Race(1.2, 1.0, 1.4), _Race(1.1, 0.9, 1.3))
+    text = compare.ab_caption(summary(2.0, 30.0), summary(3.1, 20.0), ("A: x", "B: y"), races=overlapping,
+                              sizes=(16, 60))
+    assert "B accepted more" in text and "bigger tree" in text
+    assert "A was faster in every one" in text and "no winner" not in text
+    # each ahead in some stretches: no winner
+    text = compare.ab_caption(summary(2.0, 30.0), summary(2.0, 30.0), races=(_Race(1.2, 1.0, 1.4),
+                                                                              _Race(1.2, 1.1, 1.3)))
+    assert "each was faster in some of the 2 stretches of 16 tokens (A in 1): no winner" in text
+    # different text: only the ranges, and overlapping ones name no winner
+    other = replace(summary(3.1, 20.0), token_ids=[1, 3])
+    text = compare.ab_caption(summary(2.0, 30.0), other, ("A: x", "B: y"), races=overlapping)
+    assert "different text: no winner" in text
     fig = compare.ab_figure([], a, [], b, vanilla_tokens_per_s=(24.0, 29.0), races=(ra, rb))
     labels = [t.text[0] for t in fig.data if t.xaxis == "x3"]
     assert labels == ["30 ×1.23", "20 ×0.69"]

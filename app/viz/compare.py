@@ -135,8 +135,8 @@ def ab_caption(a_summary: RunSummary, b_summary: RunSummary, labels: tuple[str, 
                races=(None, None), sizes=(None, None)) -> str:
     """A few sentences: each run's τ, tokens/s and its speedup over its *own* vanilla (the
     same ``RaceSpeedup`` as that run's headline), then only what the numbers support: which
-    accepted more per forward (or that τ is the same), whether the speedups differ by more
-    than their chunk ranges, and, when the bigger tree (``sizes``: total_tokens) did accept
+    accepted more per forward (or that τ is the same), which was faster (``_speed_verdict``),
+    and, when the bigger tree (``sizes``: total_tokens) did accept
     more, that it also costs more per forward."""
     races = _pair(races)
     parts = []
@@ -157,9 +157,27 @@ def ab_caption(a_summary: RunSummary, b_summary: RunSummary, labels: tuple[str, 
         text += ": tokens/s, not τ, says which pays on this machine."
     ra, rb = races
     if ra is not None and rb is not None:
-        if ra.low <= rb.high and rb.low <= ra.high:
-            text += (f" Their speedups ({ra.total:.2f}× and {rb.total:.2f}×) overlap within the run-to-run noise "
-                     "(the chunk ranges): no winner on speed.")
-        else:
-            text += f" {labels[0 if ra.total > rb.total else 1].split(':')[0]} was faster, beyond the chunk ranges."
+        text += _speed_verdict(a_summary, b_summary, ra, rb, [label.split(":")[0] for label in labels])
     return text
+
+
+def _speed_verdict(a_summary: RunSummary, b_summary: RunSummary, ra, rb, names: list[str]) -> str:
+    """Which run was faster, as far as the numbers tell. Runs that decoded the same text (the
+    same prompt, greedy: any tree gives the same tokens) are compared stretch by stretch: the
+    k-th ratio of each covers the same tokens, each against its own vanilla, so the load of the
+    moment cancels. A range's spread is mostly the text (some stretches draft better), so two
+    overlapping ranges say nothing when one run was ahead in every stretch. Runs over
+    different text have only their ranges to go by."""
+    pairs = list(zip(ra.chunks, rb.chunks))
+    stretch = f"stretches of {getattr(ra, 'chunk_tokens', 16)} tokens"
+    if a_summary.token_ids == b_summary.token_ids and len(pairs) > 1:
+        ahead = sum(x > y for x, y in pairs)
+        if ahead in (0, len(pairs)):
+            return (f" {names[0 if ahead else 1]} was faster in every one of the {len(pairs)} {stretch} "
+                    "(the same text, each against its own vanilla).")
+        return (f" Over the same text each was faster in some of the {len(pairs)} {stretch} ({names[0]} in "
+                f"{ahead}): no winner on speed.")
+    if ra.low <= rb.high and rb.low <= ra.high:
+        return (f" Their speedups ({ra.total:.2f}× and {rb.total:.2f}×) overlap (the ranges over their {stretch}), "
+                "and they decoded different text: no winner on speed.")
+    return f" {names[0 if ra.total > rb.total else 1]} was faster, beyond the ranges over their {stretch}."
