@@ -76,8 +76,8 @@ METHOD_NAMES = {
 
 
 def method_name(method: str, steps: list[StepEvent] = ()) -> str:
-    """The page's name for a run's method ("EAGLE-2 (dynamic tree)", not "dynamic"); a tree
-    drafted by another head kind than the default is named for it ("dynamic@eagle3")."""
+    """The page's name for a run's method: "EAGLE-2 (dynamic tree)", not "dynamic"; a tree that
+    an EAGLE-3 head drafted (the steps' ``drafter``) is "EAGLE-3 (dynamic tree)"."""
     drafter = next((s.drafter for s in steps if s.drafter), None)
     return METHOD_NAMES.get(f"{method}@{drafter}", METHOD_NAMES.get(method, method))
 
