@@ -60,7 +60,7 @@ def test_headline_within_range_for_any_two_runs(eagle, vanilla_ms, chunk):
 
 class _Race:
     def __init__(self, total, low, high):
-        self.total, self.low, self.high, self.chunks = total, low, high, (low, high)
+        self.total, self.low, self.high, self.chunks, self.chunk_tokens = total, low, high, (low, high), 16
 
     def text(self):
         return f"{self.total:.2f}× ({self.low:.2f}–{self.high:.2f} over 2 chunks of 16 tokens)"

@@ -15,6 +15,7 @@ from plotly.subplots import make_subplots
 
 from app.engine.events import RunSummary, StepEvent, acceptance_by_depth
 from app.viz import style
+from app.viz.race import turns_ahead
 from app.viz.tree import COLORBAR_PX, MARGIN, tree_axes, tree_height, tree_traces
 
 AB_COLOURS = ("#7c3aed", "#ea580c")   # run A, run B
@@ -163,19 +164,16 @@ def ab_caption(a_summary: RunSummary, b_summary: RunSummary, labels: tuple[str, 
 
 def _speed_verdict(a_summary: RunSummary, b_summary: RunSummary, ra, rb, names: list[str]) -> str:
     """Which run was faster, as far as the numbers tell. Runs that decoded the same text (the
-    same prompt, greedy: any tree gives the same tokens) are compared stretch by stretch: the
-    k-th ratio of each covers the same tokens, each against its own vanilla, so the load of the
-    moment cancels. A range's spread is mostly the text (some stretches draft better), so two
-    overlapping ranges say nothing when one run was ahead in every stretch. Runs over
-    different text have only their ranges to go by."""
-    pairs = list(zip(ra.chunks, rb.chunks))
-    stretch = f"stretches of {getattr(ra, 'chunk_tokens', 16)} tokens"
-    if a_summary.token_ids == b_summary.token_ids and len(pairs) > 1:
-        ahead = sum(x > y for x, y in pairs)
-        if ahead in (0, len(pairs)):
-            return (f" {names[0 if ahead else 1]} was faster in every one of the {len(pairs)} {stretch} "
+    same prompt, greedy: any tree gives the same tokens) are compared stretch by stretch
+    (``race.turns_ahead``), each against its own vanilla, so the load of the moment cancels.
+    Runs over different text have only their ranges to go by."""
+    stretch = f"stretches of {ra.chunk_tokens} tokens"
+    ahead, turns = turns_ahead(ra, rb)
+    if a_summary.token_ids == b_summary.token_ids and turns > 1:
+        if ahead in (0, turns):
+            return (f" {names[0 if ahead else 1]} was faster in every one of the {turns} {stretch} "
                     "(the same text, each against its own vanilla).")
-        return (f" Over the same text each was faster in some of the {len(pairs)} {stretch} ({names[0]} in "
+        return (f" Over the same text each was faster in some of the {turns} {stretch} ({names[0]} in "
                 f"{ahead}): no winner on speed.")
     if ra.low <= rb.high and rb.low <= ra.high:
         return (f" Their speedups ({ra.total:.2f}× and {rb.total:.2f}×) overlap (the ranges over their {stretch}), "

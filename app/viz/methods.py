@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from app.engine.events import RunSummary, StepEvent
 from app.viz import style
-from app.viz.race import RaceSpeedup, curve, race_speedup
+from app.viz.race import RaceSpeedup, curve, race_speedup, turns_ahead
 
 # The per-method tables below are keyed by the methods the comparison offers: vanilla, the
 # drafters of the registry (``app.engine.drafters.registry.DRAFTERS``, by their ``method``), the
@@ -123,14 +123,6 @@ def method_races(steps: dict[str, list[StepEvent]] | None, summaries: dict) -> d
     return out
 
 
-def _turns_ahead(a: RaceSpeedup, b: RaceSpeedup) -> tuple[int, int]:
-    """(turns where ``a`` ran faster than ``b``, turns compared). Both ratios of a turn are
-    over the same answer tokens against the same vanilla time, so a / b is the two methods'
-    own ratio there, measured at about the same moment (the methods ran in turns)."""
-    pairs = list(zip(a.chunks, b.chunks))
-    return sum(x > y for x, y in pairs), len(pairs)
-
-
 def noise_note(races: dict[str, RaceSpeedup]) -> str:
     """Which differences in the table the run cannot tell from chance: methods whose turn
     ranges include 1 (slower than vanilla in some turns), and pairs of methods where each was
@@ -145,7 +137,7 @@ def noise_note(races: dict[str, RaceSpeedup]) -> str:
     pairs = []
     for i, a in enumerate(methods):
         for b in methods[i + 1:]:
-            ahead, turns = _turns_ahead(races[a], races[b])
+            ahead, turns = turns_ahead(races[a], races[b])
             if turns > 1 and 0 < ahead < turns:
                 pairs.append(f"{name(a)} and {name(b)} ({name(a)} ahead in {ahead} of {turns} turns)")
     lines = [f"Ranges: the lowest and highest ratio over the turns of {CHUNK_TOKENS} tokens; they spread "

@@ -87,6 +87,16 @@ def race_speedup(eagle_steps: list[StepEvent], vanilla_steps: list[StepEvent],
     return RaceSpeedup(total=tv / te, chunks=tuple(chunks), tokens=tokens, chunk_tokens=chunk_tokens)
 
 
+def turns_ahead(a: RaceSpeedup, b: RaceSpeedup) -> tuple[int, int]:
+    """(windows where ``a``'s ratio beat ``b``'s, windows compared). Two races over the same
+    answer tokens cover the same tokens in their k-th window, each against its own vanilla
+    time, so the comparison is window by window: a range's spread is mostly the text (some
+    stretches draft better), and two overlapping ranges say nothing when one run was ahead
+    in every window."""
+    pairs = list(zip(a.chunks, b.chunks))
+    return sum(x > y for x, y in pairs), len(pairs)
+
+
 def speedup(eagle_steps: list[StepEvent], vanilla_steps: list[StepEvent]) -> float | None:
     """Tokens/s of EAGLE over tokens/s of vanilla over the same answer tokens (``race_speedup``)."""
     r = race_speedup(eagle_steps, vanilla_steps)
