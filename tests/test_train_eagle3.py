@@ -158,7 +158,7 @@ def test_the_cli_trains_an_eagle3_head_from_data_to_eval(tmp_path, monkeypatch, 
     save_prompts(_tiny_prompts(12), tmp_path / "prompts.jsonl")
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    common = ["--arch", "eagle3", "--work-dir", str(tmp_path), "--num-prompts", "12"]
+    common = ["--arch", "eagle3", "--work-dir", str(tmp_path), "--num-prompts", "12", "--ids-dir", str(tmp_path / "ids")]
     assert main(parser.parse_args(common + ["--stage", "data", "--shard-size", "6", "--data-dtype", "float32",
                                             "--max-new-tokens", "20"])) == 0
     assert FeatureShard.load(tmp_path / "features" / "shard_00001.safetensors").layers == LAYERS
@@ -168,7 +168,8 @@ def test_the_cli_trains_an_eagle3_head_from_data_to_eval(tmp_path, monkeypatch, 
     assert "data: all shards are written (2 in" in capsys.readouterr().out
     assert main(parser.parse_args(common + ["--stage", "train", "--epochs", "4", "--batch-tokens", "256",
                                             "--train-minutes", "0", "--draft-vocab-size", "40", "--warmup-steps", "2",
-                                            "--holdout", "shard_00001.safetensors", "--val-batches", "1"])) == 0
+                                            "--holdout", "shard_00001.safetensors", "--val-batches", "1",
+                                            "--validate-every", "4", "--head-dtype", "bfloat16"])) == 0
     out = tmp_path / "head-eagle3"
     assert out != DEFAULT_HEAD_DIR and (out / "model.safetensors").is_file()
     head = loading.load_draft_head(str(out), target)
@@ -194,6 +195,16 @@ def test_the_cli_trains_an_eagle3_head_from_data_to_eval(tmp_path, monkeypatch, 
     kept = json.loads((tmp_path / "runs" / "more" / "draft_vocab.json").read_text())
     assert kept["token_ids"] == vocab["token_ids"] and str(out) in kept["source"]
     assert loading.load_draft_head(str(tmp_path / "head-more"), target).draft_token_ids().tolist() == vocab["token_ids"]
+    # the learning curve goes on across runs: the continued head's training.json starts with the first's points
+    first = json.loads((out / "training.json").read_text())
+    second = json.loads((tmp_path / "head-more" / "training.json").read_text())
+    assert first["runs"] == 1 and first["curve"] and second["runs"] == 2
+    assert second["curve"][:len(first["curve"])] == first["curve"]
+    seen = [p["tokens_seen"] for p in second["curve"]]
+    assert seen == sorted(seen) and seen[-1] > seen[len(first["curve"]) - 1] and second["curve"][-1]["run"] == 2
+    from safetensors import safe_open
+    with safe_open(str(out / "model.safetensors"), "pt") as f:      # --head-dtype bfloat16; d2t stays integer
+        assert f.get_tensor("fc.weight").dtype == torch.bfloat16 and f.get_tensor("d2t").dtype == torch.long
     assert main(parser.parse_args(common + ["--stage", "eval", "--eval-indices", "0", "--eval-new-tokens", "8",
                                             "--eval-tree", "10/3/2", "--eval-out", str(tmp_path / "e.json")])) == 0
     result = json.loads((tmp_path / "e.json").read_text())["mt_bench"]
@@ -209,6 +220,28 @@ def _learning_curve_script():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_a_warm_start_copies_the_eagle2_tensors_whose_shapes_agree(data, tmp_path):
+    """``--warm-start``: the EAGLE-1/2 head's MLP, o_proj and post-attention norm land in the
+    EAGLE-3 midlayer; everything else keeps its initialisation (q/k/v read 2H here)."""
+    from app.engine.heads.eagle import DraftHead, head_config_for
+    from app.train.eagle3 import warm_start
+
+    target, ds = data
+    torch.manual_seed(1)
+    eagle2 = DraftHead(head_config_for(target.model.config))
+    eagle2.save(tmp_path / "e2")
+    head = new_head(target, torch.arange(50), ds.layers)
+    q_before = head.midlayer.self_attn.q_proj.weight.clone()
+    copied = warm_start(head, tmp_path / "e2")
+    assert copied == sorted(["midlayer.mlp.down_proj.weight", "midlayer.mlp.gate_proj.weight",
+                             "midlayer.mlp.up_proj.weight", "midlayer.post_attention_layernorm.weight",
+                             "midlayer.self_attn.o_proj.weight"])
+    e2 = eagle2.state_dict()
+    for name in copied:
+        assert torch.equal(head.state_dict()[name], e2["layers.0." + name[len("midlayer."):]]), name
+    assert torch.equal(head.midlayer.self_attn.q_proj.weight, q_before)
 
 
 def test_a_new_head_starts_from_the_targets_output_end(data):

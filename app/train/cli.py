@@ -13,6 +13,7 @@ Examples::
     python -m app train                                        # everything, with the defaults
     python -m app train --device cuda --shard-size 256         # on a GPU: bigger answer batches
     python -m app train --arch eagle3 --work-dir W             # an EAGLE-3 head (app/train/eagle3.py)
+    python -m app train --stage ids --arch eagle3 --work-dir W # the shards' token ids, for git
 
 The defaults are release 6's recipe (models/eagle-smollm2-135m-instruct/README.md): 12,288
 prompts, TTT-1, the loss's distributions over the 8,192-token draft vocabulary with the
@@ -36,6 +37,7 @@ from app.engine.device import cache_dir, choose_device
 from app.engine.heads.eagle3 import default_target_layers
 from app.engine.loading import (DEFAULT_HEAD_DIR, DEFAULT_MEDUSA_DIR, EMBEDDED_ALIASES, EMBEDDED_NAME,
                                 resolve_model_source)
+from app.engine.sources import SHIPPED_HEADS
 from app.engine.precision import bf16_is_native
 from app.train.data import generate_with_features, log, shard_name
 from app.train.eagle3 import run_training as run_eagle3_training
@@ -44,9 +46,20 @@ from app.train.medusa import run_medusa_training
 from app.train.options import STAGES, add_arguments, check, complete  # noqa: F401  (add_arguments: the CLI's entry)
 from app.train.prompts import build_prompts, load_prompts, save_prompts
 from app.train.stage import run_training
+from app.train.token_store import IdShard, export_ids, features_from_ids, id_path, write_checksums
 
 def default_work_dir(name: str) -> Path:
     return cache_dir() / "train" / name.replace("/", "--")
+
+
+def ids_dir(args, work: Path) -> Path:
+    """Where the data's token ids live: given, or the shipped EAGLE-3 head's ``data/`` (kept in
+    git) for an EAGLE-3 head of the embedded model, or ``<work>/ids``."""
+    if args.ids_dir:
+        return Path(args.ids_dir)
+    if args.arch == "eagle3" and args.base_model in EMBEDDED_ALIASES:
+        return SHIPPED_HEADS["eagle3"] / "data"
+    return work / "ids"
 
 
 def main(args: argparse.Namespace) -> int:
@@ -76,6 +89,9 @@ def main(args: argparse.Namespace) -> int:
             run_prompts(args, work)
         elif stage == "data":
             run_data(args, work)
+        elif stage == "ids":
+            new = export_ids(work / "features", ids_dir(args, work))
+            log(f"ids: wrote {len(new)} id shards to {ids_dir(args, work)}")
         elif stage == "train" and args.arch == "eagle3":
             run_eagle3_training(args, work, out)
         elif stage == "train" and args.arch == "medusa":
@@ -117,6 +133,8 @@ def run_data(args, work: Path) -> None:
     log(disk_estimate(work / "features", [s for s in order
                                           if not (work / "features" / f"{shard_name(s)}.safetensors").is_file()],
                       args))
+    ids = ids_dir(args, work)
+    recomputed = 0
     for shard in order:
         if args.time_budget_min is not None and time.perf_counter() - start > 60 * args.time_budget_min:
             log(f"data: time budget of {args.time_budget_min} min reached before shard {shard}; rerun to continue")
@@ -135,16 +153,28 @@ def run_data(args, work: Path) -> None:
             if args.arch == "eagle3":     # also store EAGLE-3's low/mid/high layers
                 layers = default_target_layers(target.model.config.num_hidden_layers)
         t0 = time.perf_counter()
+        kept = id_path(ids, path)
+        if kept.is_file():                # answered on some machine before: recompute its features only
+            fs = features_from_ids(target.model, IdShard.load(kept), layers=layers)
+            fs.save(path)
+            release(path)
+            recomputed += 1
+            log(f"data {shard_name(shard)}: features of {len(fs)} kept answers recomputed from {kept.name}, "
+                f"{fs.tokens.numel() / (time.perf_counter() - t0):.0f} tok/s")
+            continue
         batch = prompts[shard * args.shard_size:(shard + 1) * args.shard_size]
         fs = generate_with_features(target.model, tok, batch, shard, args.max_new_tokens, args.seed,
                                     target.eos_ids, pad, layers=layers)
         fs.save(path)
+        IdShard.of(fs).save(kept)
+        write_checksums(ids)
         release(path)
         n = int(fs.tokens.numel() - fs.prompt_lens.sum())
         new_tokens += n
         log(f"data {shard_name(shard)}: {len(fs)} answers ({fs.mode}), {n} response tokens, "
             f"{n / (time.perf_counter() - t0):.0f} tok/s")
-    log(f"data: stopped after {(time.perf_counter() - start) / 60:.1f} min, {new_tokens} new response tokens")
+    log(f"data: stopped after {(time.perf_counter() - start) / 60:.1f} min, {new_tokens} new response tokens, "
+        f"{recomputed} shards' features recomputed from kept ids")
 
 
 def disk_estimate(folder: Path, missing: list[int], args) -> str:

@@ -44,6 +44,8 @@ from transformers import DynamicCache
 
 from app.engine.heads.eagle3 import Eagle3Head, eagle3_config_for
 from app.engine.heads import DRAFT_VOCAB_FILE, load_head
+from app.engine.heads.checkpoint import read_state_dict
+from app.engine.sources import SHIPPED_HEADS
 from app.engine.precision import bf16_is_native
 from app.train.data import log
 from app.train.draft_vocab import describe
@@ -54,6 +56,8 @@ from app.train.trainer import FeatureDataset, train
 # default unroll: the reference trains 7 steps; each step costs one more head forward and
 # LM-head matmul, so on a CPU we default to 3 (depth 3 covers most accepted length)
 TTT_STEPS = 3
+# written beside a trained head: its data, held-out numbers and learning curve across runs
+PROGRESS_FILE = "training.json"
 
 
 @dataclass
@@ -206,6 +210,42 @@ def new_head(target, vocab_ids: torch.Tensor, layers: tuple[int, ...]):
     return head
 
 
+def warm_start(head, eagle2_folder: Path) -> list[str]:
+    """Copy into an EAGLE-3 head every tensor of an EAGLE-1/2 head whose name and shape agree
+    (its ``layers.0.*`` are our ``midlayer.*``); returns the names copied.
+
+    What agrees for a target of hidden size H: the decoder layer's MLP, ``o_proj`` and
+    post-attention norm. The attention's q/k/v read 2H here ([emb; g]) against fc's mixed H
+    in EAGLE-1/2, and ``fc`` fuses 3H target features against (emb, f), so those stay as
+    initialised; the output end already starts as the target's (``new_head``)."""
+    raw = read_state_dict(Path(eagle2_folder))
+    mine = head.state_dict()
+    copied = []
+    with torch.no_grad():
+        for name, tensor in raw.items():
+            ours = "midlayer." + name[len("layers.0."):] if name.startswith("layers.0.") else name
+            if ours in mine and mine[ours].shape == tensor.shape and ours not in ("lm_head.weight", "norm.weight"):
+                mine[ours].copy_(tensor.to(mine[ours].dtype))
+                copied.append(ours)
+    return sorted(copied)
+
+
+def learning_curve(state: dict, tokens_per_step: float, before: dict | None) -> list[dict]:
+    """The run's held-out measurements as one learning curve across machines and resumes: each
+    point with ``tokens_seen`` (training tokens read so far, padding excluded) and the
+    minutes trained, both counted on from ``before`` (the curve of the head this run started
+    from, its training.json), whose points come first."""
+    prior = (before or {}).get("curve", [])
+    base_tokens = prior[-1]["tokens_seen"] if prior else 0
+    base_minutes = prior[-1]["minutes"] if prior else 0.0
+    run = (before or {}).get("runs", 0) + 1
+    points = [{"run": run, "step": v["step"], "tokens_seen": int(base_tokens + v["step"] * tokens_per_step),
+               "minutes": round(base_minutes + v["seconds"] / 60, 1),
+               **{k: v[k] for k in sorted(v) if k.startswith("acc")}}
+              for v in state.get("validations", [])]
+    return prior + points
+
+
 def run_training(args, work: Path, out: Path) -> dict:
     """Stage *train* with ``--arch eagle3``: train on every finished shard (they must carry the
     target-layer features), save the head to ``out`` in the official EAGLE-3 layout."""
@@ -232,6 +272,9 @@ def run_training(args, work: Path, out: Path) -> dict:
                              f"{run_dir.name}'s ({DRAFT_VOCAB_FILE})")
     else:
         head = new_head(target, vocab_ids, data.layers)
+        if args.warm_start:
+            source = SHIPPED_HEADS["eagle2"] if args.warm_start == "eagle2" else Path(args.warm_start)
+            log(f"train eagle3: warm start from {source}: " + ", ".join(warm_start(head, source)))
     steps = args.ttt_steps if args.ttt_steps else TTT_STEPS
     loss_cfg = Eagle3LossConfig(ttt_steps=steps, bf16=not args.fp32_lm_head and bf16_is_native(args.device))
     cfg = train_config(args)
@@ -242,7 +285,7 @@ def run_training(args, work: Path, out: Path) -> dict:
                                        max_batches=args.val_batches)
     state = train(head, target.model, data, run_dir, loss_cfg, cfg, vocab_ids=vocab_ids, loss_fn=eagle3_loss,
                   validator=validator)
-    head.save(out)
+    head.save(out, dtype=getattr(torch, args.head_dtype))
     val = None
     if holdout:
         val = validate(head, target.model, Eagle3Dataset(holdout), max(steps, 5), vocab_ids,
@@ -254,5 +297,17 @@ def run_training(args, work: Path, out: Path) -> dict:
          "target_layers": list(data.layers),
          "loss_vocab": None if vocab is None else {k: v for k, v in vocab.items() if k != "token_ids"},
          "loss_config": loss_cfg.__dict__, "train_config": cfg.__dict__}, indent=1))
+    before = None
+    if args.init_from and (Path(args.init_from) / PROGRESS_FILE).is_file():
+        before = json.loads((Path(args.init_from) / PROGRESS_FILE).read_text())
+    per_step = data.num_tokens / max(1, len(data.batches(0, args.seed, args.batch_tokens)))
+    progress = {"arch": "eagle3", "runs": (before or {}).get("runs", 0) + 1,
+                "data": {"conversations": len(data), "tokens": data.num_tokens, "shards": len(paths),
+                         "holdout": [p.name for p in holdout]},
+                "held_out": None if val is None else {k: round(v, 4) for k, v in sorted(val.items())},
+                "best": state.get("best"), "warm_start": args.warm_start, "init_from": args.init_from,
+                "ttt_steps": steps, "lr": args.lr, "batch_tokens": args.batch_tokens,
+                "curve": learning_curve(state, per_step, before)}
+    (out / PROGRESS_FILE).write_text(json.dumps(progress, indent=1) + "\n")
     log(f"train eagle3: saved head to {out} after step {state['step']} ({state['seconds'] / 60:.1f} min)")
     return state

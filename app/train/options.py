@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import functools
 
-STAGES = ("prompts", "data", "train", "eval", "all")
+STAGES = ("prompts", "data", "ids", "train", "eval", "all")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -43,6 +43,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="take shards from the last one down: a second data worker next to a forward one")
     p.add_argument("--shards", default=None,
                    help="only these shards, e.g. 128-191 (ranges and commas as in --eval-indices); default: all")
+    p.add_argument("--ids-dir", default=None,
+                   help="where the data's token ids are kept (app/train/token_store.py): the data stage "
+                        "recomputes the features of every id shard found there before it answers new prompts, "
+                        "and writes the ids of each shard it answers; stage 'ids' exports the ids of the "
+                        "feature shards already written. Default: models/eagle3-smollm2-135m-instruct/data "
+                        "for --arch eagle3 on the embedded model (kept in git), else <work-dir>/ids")
     p.add_argument("--time-budget-min", type=float, default=None,
                    help="data stages start no new shard after this many minutes")
     # training
@@ -86,7 +92,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "depth-1 acceptance (+0.002); 0 = train to --train-minutes / --epochs")
     p.add_argument("--checkpoint-every", type=int, default=100, help="optimiser steps between checkpoints")
     p.add_argument("--run-name", default="main", help="checkpoint folder name under <work-dir>/runs")
-    p.add_argument("--init-from", default=None, help="start training from this head folder")
+    p.add_argument("--init-from", default=None, help="start training from this head folder (a fresh optimiser "
+                                                      "with --warmup-steps of warm-up; --arch eagle3 carries its "
+                                                      "training.json learning curve on)")
+    p.add_argument("--warm-start", default=None,
+                   help="--arch eagle3 without --init-from: copy into the new head every tensor of this EAGLE-1/2 "
+                        "head whose shape agrees (the decoder layer's MLP, o_proj, post-attention norm); "
+                        "'eagle2' = the shipped EAGLE-2 head")
+    p.add_argument("--head-dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="dtype of the saved head's weights (bfloat16 halves a head kept in git)")
     # eval
     p.add_argument("--eval-prompts", type=int, default=10, help="number of first turns used by stage eval")
     p.add_argument("--eval-offset", type=int, default=0, help="first prompt index used by stage eval")

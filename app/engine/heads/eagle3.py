@@ -154,7 +154,9 @@ class Eagle3Head(nn.Module):
 
     # --- checkpoint I/O in the official layout -----------------------------------------------
 
-    def save(self, folder: str | Path) -> None:
+    def save(self, folder: str | Path, dtype: torch.dtype | None = None) -> None:
+        """Write the checkpoint; ``dtype`` casts the weights (bf16 halves a shipped head's bytes;
+        d2t / t2d keep their integer and bool types)."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         config = config_for_disk(self.config)
@@ -164,6 +166,8 @@ class Eagle3Head(nn.Module):
         config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(self.target_layers)}
         (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
+        if dtype is not None:
+            state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
         save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
     @classmethod
