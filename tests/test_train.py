@@ -386,7 +386,7 @@ def test_training_stage_trains_on_and_ships_a_draft_vocabulary_from_the_training
 
     from app.engine import loading
     from app.train.draft_vocab import build
-    from app.train.trainer import run_training
+    from app.train.stage import run_training
 
     target = tiny_target(seed=5)
     monkeypatch.setattr(loading, "load_target", lambda *a, **k: target)

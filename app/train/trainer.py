@@ -328,12 +328,3 @@ def validate(head, target_model, data: FeatureDataset, steps: int = 5, batch_tok
             sums[k] = sums.get(k, 0.0) + v / len(batches)
     return sums
 
-
-def __getattr__(name: str):
-    # The train stage's CLI glue lives in app.train.stage (it imports this module); its names
-    # stay importable from here for existing callers.
-    if name in ("training_shards", "run_training", "loss_vocabulary"):
-        from app.train import stage
-
-        return getattr(stage, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
