@@ -188,7 +188,7 @@ def test_profile_step_parts_add_up_to_the_step(draft_vocab):
     target = tiny_target()
     vocab = None if draft_vocab is None else torch.arange(draft_vocab)
     engine = Engine(target, random_head(target), draft_vocab=vocab)
-    decoder = engine.decoder
+    decoder, forward = engine.decoder, engine.draft_model.forward
     t = profile_tree(engine, TreeConfig(total_tokens=12, depth=3, top_k=4), "w5 w6 w7 w8", steps=3)
     assert t["steps"] == 3
     for part in ("verify: target forward", "draft: head forwards", "draft: LM head", "accept", "commit", "record"):
@@ -196,7 +196,8 @@ def test_profile_step_parts_add_up_to_the_step(draft_vocab):
     assert sum(t.get(k, 0.0) for k in PARTS) == pytest.approx(t["step"], rel=0.05)
     assert "draft: LM head" in format_profile("x", t)
     assert engine.decoder is decoder
-    assert not {"draft", "verify", "accept", "commit", "record_tree", "_draft_logits"} & set(vars(engine))
+    assert not {"draft", "verify", "accept", "commit", "record_tree"} & set(vars(engine))
+    assert engine.draft_model.forward is forward and "logits" not in vars(engine.draft_model)
 
 
 def test_plots_load_plotly_js_from_the_cdn_by_default(tmp_path):

@@ -553,7 +553,7 @@ def test_greedy_eagle_equals_vanilla_on_the_fast_forward(dtype):
 
     engine, _ = load_engine(device="cpu", dtype=dtype)
     assert isinstance(engine.decoder, RowwiseLlamaDecoder)
-    assert engine.draft_forward.qkv.format == engine._draft_lm_packed.format == kernels.INT8   # the default draft
+    assert engine.draft_model.forward.qkv.format == engine.draft_model.lm_packed.format == kernels.INT8   # the default draft
     for prompt in ("Write a short poem about the sea.", "What is 17 times 23? Show the steps."):
         vanilla = answer(engine, TreeConfig(method="vanilla"), 40, prompt)
         for tree in (TreeConfig(method="chain", depth=4), TreeConfig(total_tokens=8, depth=3, top_k=3),
@@ -591,7 +591,7 @@ def test_the_int8_draft_accepts_about_as_much_as_the_heads_own_weights():
 
     engine, _ = load_engine(device="cpu", dtype="bfloat16")
     own = Engine(engine.target, engine.head, draft_vocab=engine.draft_vocab, draft_weights="head")
-    assert own.draft_forward.qkv.format == own._draft_lm_packed.format == kernels.BF16
+    assert own.draft_model.forward.qkv.format == own.draft_model.lm_packed.format == kernels.BF16
     with pytest.raises(ValueError, match="draft_weights"):
         Engine(engine.target, engine.head, draft_weights="int4")
     prompt = "Explain how a bicycle works, step by step."

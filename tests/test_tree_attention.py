@@ -183,11 +183,11 @@ def test_the_prefill_reads_the_prompt_into_the_head(tiny, monkeypatch):
     assert after_prefill == (len(prompt) - 1, 1, True)
     # as before: the prefill leaves every pair pending and the first step reads them all
     monkeypatch.setattr(engine_module, "read_pending",
-                        lambda e, run, leave=0: (None, 0) if leave else head_draft.read_pending(e, run))
+                        lambda draft, run, leave=0: (None, 0) if leave else head_draft.read_pending(draft, run))
     before, drafts_before, generated_before = run_steps()
     assert before[:2] == (0, len(prompt))
     assert generated == generated_before
-    exact = isinstance(engine.draft_forward, rowwise.RowwiseDraftHead)
+    exact = isinstance(engine.draft_model.forward, rowwise.RowwiseDraftHead)
     for (tokens, q), (tokens_before, q_before) in zip(drafts, drafts_before):
         assert tokens == tokens_before
         assert q == q_before if exact else torch.allclose(torch.tensor(q), torch.tensor(q_before), atol=1e-5)

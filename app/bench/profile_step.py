@@ -8,7 +8,7 @@ Instruments a real ``Engine`` by wrapping (never editing) the verbs one step is 
 and times each with ``perf_counter`` (CUDA synchronised):
 
     draft: head forwards        the head's forwards, one per level           (engine.head)
-    draft: LM head              the draft's LM head on predicted features    (engine._draft_logits)
+    draft: LM head              the draft's LM head on predicted features    (engine.draft_model.logits)
     draft: tree policy + top-k  the rest of drafting: q's top-k, tree bookkeeping, draft masks
     verify: target forward      the decoder stack over [root, nodes]         (engine.decoder)
     verify: LM head + mask      the rest of verify: tree mask, logits of the visited rows
@@ -102,9 +102,10 @@ class StepProfiler:
             wrapped.append((obj, attr, vars(obj).get(attr)))
             setattr(obj, attr, new)
 
+        draft = e.draft_model        # what the head drafts with (app/engine/draft_model.py)
         if e.head is not None:       # the head itself, or its forward on the fast kernels
-            wrap(e, "draft_forward", self._timed(e.draft_forward, "draft: head forwards"))
-        wrap(e, "_draft_logits", self._timed(e._draft_logits, "draft: LM head"))
+            wrap(draft, "forward", self._timed(draft.forward, "draft: head forwards"))
+        wrap(draft, "logits", self._timed(draft.logits, "draft: LM head"))
         wrap(e, "decoder", _TimedDecoder(e.decoder, self._timed(e.decoder, "verify: target forward")))
         for verb, parts in _VERBS.items():
             wrap(e, verb, self._verb(getattr(e, verb), parts))

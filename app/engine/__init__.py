@@ -16,6 +16,8 @@ Modules:
     engine.py       ``Engine``: the decoding loop (prefill, draft, verify, accept, commit)
     run_state.py    what a generation carries between its verbs (``_Run``, ``_Verified``, ``PhaseClock``)
     head_draft.py   the EAGLE head's side of the draft verb (``read_pending``, ``HeadDrafting``)
+    draft_model.py  what the head drafts with (``DraftModel``: its forward, embeddings, LM head), chosen once
+    record.py       the record verb's arithmetic: each node's status and target probability p
     factory.py      ``load_engine``: target + draft head + draft vocabulary + Medusa heads
     loading.py      loading the target model (embedded or from the hub) and the heads' folders
     sources.py      where models come from, by name alone (no torch): the CLI's checks before loading

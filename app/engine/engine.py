@@ -44,14 +44,16 @@ from typing import Iterator, Sequence
 
 import torch
 
-from app.engine import drafters, forward, kernels, kv, verify
+from app.engine import drafters, forward, kv, verify
 from app.engine.config import (GenerationLimits, SamplingConfig, TreeConfig, check_max_new_tokens,
                                check_prompt)
 from app.engine.events import DraftTreeRecord, RunSummary, StepEvent, summarize
-from app.engine.drafters.pld import NgramIndex
+from app.engine.draft_model import DraftModel
+from app.engine.drafters.pld import with_lookup_branch
 from app.engine.head_draft import HeadDrafting, read_pending
 from app.engine.loading import Target
-from app.engine.rowwise import RowwiseDraftHead, RowwiseLlamaDecoder
+from app.engine.record import node_probs, node_statuses
+from app.engine.rowwise import RowwiseLlamaDecoder
 from app.engine.run_state import PhaseClock, TextStream, _Run, _Verified
 from app.engine.tree import DraftTree, grow_tree, tree_attention_mask, tree_mask_rows
 
@@ -78,8 +80,6 @@ class Engine:
         kernels an EAGLE-1/2 head's layer and draft LM head read "int8" weights (half the
         bytes of bfloat16 at every draft level; acceptance within 1%,
         benchmarks/fast-forward/int8-draft.md) or "head", the head's own dtype."""
-        if draft_weights not in ("int8", "head"):
-            raise ValueError(f"draft_weights must be 'int8' or 'head', got {draft_weights!r}")
         self.target = target
         self.head = head
         self.medusa = medusa
@@ -93,36 +93,18 @@ class Engine:
         self.embedding = model.get_input_embeddings()
         self.eos_ids = target.eos_ids
         self._token_texts: dict[int, str] = {}   # token id -> its text alone (the step records' node labels)
-        # An EAGLE-3 head reads three target layers (captured by the same forwards) and has
-        # its own LM head over its own draft vocabulary (draft id i is token draft_vocab[i]).
+        # An EAGLE-3 head reads three target layers, captured by the same forwards
         self.target_layers = tuple(getattr(head, "target_layers", ()))
-        self.head_lm = hasattr(head, "logits")
-        if self.head_lm:
-            if draft_vocab is not None:
-                raise ValueError("an EAGLE-3 head drafts over its own vocabulary (d2t); it takes no draft_vocab")
-            draft_vocab = head.draft_token_ids()
-        self.draft_vocab = self.draft_vocab_ids = None
-        if draft_vocab is not None:
-            self.draft_vocab = draft_vocab.to(device=target.device, dtype=torch.long)
-            self.draft_vocab_ids = self.draft_vocab.tolist()     # the same as a list: a draft's ids map in Python
-        if draft_vocab is not None and not self.head_lm:
-            weight = self.lm_head.weight                                   # (V, H)
-            self.draft_lm_weight = weight.index_select(0, self.draft_vocab).contiguous()  # (Vd, H)
-            bias = getattr(self.lm_head, "bias", None)
-            self.draft_lm_bias = bias.index_select(0, self.draft_vocab) if bias is not None else None
-        # With the fast target forward, an EAGLE-1/2 head drafts on the same kernels: the
-        # head's forward and its LM head (over the draft vocabulary) over the frontier's rows.
+        # what the head drafts with: its forward, embeddings and LM head (draft_model.py)
+        self.draft_model = DraftModel(target, self.decoder, head, draft_vocab, draft_weights)
         # Rows a verify forward holds at about the cost of one (the fast kernels' register
         # block), or None where rows are not counted (the eager forward): see _with_lookup_branch.
         self.free_rows = self.decoder.lm_head_all_rows_up_to if isinstance(self.decoder, RowwiseLlamaDecoder) else None
-        self.draft_forward, self._draft_lm_packed = head, None
-        self.draft_weights = "head"          # what the draft reads: "int8" only on the fast kernels
-        if isinstance(self.decoder, RowwiseLlamaDecoder) and head is not None and RowwiseDraftHead.supports(head):
-            int8 = draft_weights == "int8"
-            self.draft_weights = draft_weights
-            self.draft_forward = RowwiseDraftHead(head, int8, embedding=self.embedding)
-            if draft_vocab is not None:
-                self._draft_lm_packed = kernels.Packed(self.draft_lm_weight, int8)
+
+    @property
+    def draft_vocab(self) -> torch.Tensor | None:
+        """The (Vd,) token ids the head may propose, or None for the full vocabulary."""
+        return self.draft_model.vocab
 
     @property
     def drafter(self) -> str | None:
@@ -250,7 +232,7 @@ class Engine:
             # ms for a long prompt), not a decoding step's. The last pair stays pending, so the
             # first step reads it and drafts from the root as every step does
             clock.lap("record")
-            read_pending(self, run, leave=1)
+            read_pending(self.draft_model, run, leave=1)
             clock.lap("draft")
         event = StepEvent(step=0, method=tree.method, tree=None, accepted=[], bonus=first, new_tokens=[first],
                           text=text, rule=verify.rule_for(None, sampling), drafter=None, tree_config=None,
@@ -289,10 +271,10 @@ class Engine:
             return DraftTree(), None
         if run.drafter is not None:            # pld / lookahead / medusa: fixed candidates, no q to sample from
             return run.drafter.draft(self, run, cfg), None
-        root_feature, prefix = read_pending(self, run)
+        root_feature, prefix = read_pending(self.draft_model, run)
         if root_feature is None:
             return DraftTree(), None  # a one-token prompt: no feature to draft from yet
-        drafting = HeadDrafting(self, run, cfg, sampling, root_feature, prefix)
+        drafting = HeadDrafting(self.draft_model, run, cfg, sampling, root_feature, prefix)
         tree = grow_tree(cfg, drafting.propose)
         kv.crop(run.draft_cache, prefix)          # drop the in-step entries: only committed pairs stay
         if drafting.sampled_chain:
@@ -303,49 +285,10 @@ class Engine:
         return tree, None
 
     def _with_lookup_branch(self, run: _Run, tree: DraftTree, cfg: TreeConfig) -> DraftTree:
-        """Prompt lookup beside the head (``TreeConfig.lookup``): hang what followed the
-        context's last 3 (else 2) tokens where they last occurred as one more branch, so a
-        summary, a quotation or code that repeats its own names is verified many tokens at
-        a time even where the head is unsure. The head's nodes are untouched; the branch
-        follows them as far as they agree and adds its own nodes after. Not for a sampled
-        chain, whose rule needs every node drawn from q: every other tree's candidates are
-        fixed, and the rules that verify them are exact for any fixed candidates.
-
-        How many nodes the branch may add follows the verify forward's cost: on the fast
-        kernels a forward costs about the same for every row count within one register
-        block (``rowwise.c``'s MB: 8 rows with AVX-512, 4 with AVX2), so the branch fills the
-        block's rows left free by the head's tree, and beyond them takes the places of the
-        head's least confident nodes (``DraftTree.make_room_for``). On the eager forward
-        (a GPU's, where rows are nearly free) it adds up to ``lookup`` nodes. Measured over
-        the six suites: under AVX2 emulation 2/1/2 with the branch ran 1.31x our vanilla with
-        its nodes in place of the head's and 1.25x added on top; natively, adding them to
-        3/2/2 ran 1.78x against 1.69x in place (benchmarks/fast-forward/lookup-branch.md)."""
-        if run.lookup is None:
-            run.lookup = NgramIndex((3, 2))
-        branch = run.lookup.lookup(run.tokens, cfg.lookup)
-        if not branch:
-            return tree
-        limit = cfg.max_nodes
-        if self.free_rows is not None:          # the rows beyond the root that one register block holds
-            limit = max(cfg.total_tokens, min(limit, self.free_rows - 1))
-        tree = tree.make_room_for(branch, limit)
-        tree.merge_branch(branch, "pld", limit)
-        return tree
-
-    def _draft_logits(self, feats: torch.Tensor) -> torch.Tensor:
-        """(F, H) predicted features -> (F, V) logits, or (F, Vd) over the draft vocabulary
-        (EAGLE-3: the head's own norm and LM head)."""
-        if self.head_lm:
-            return self.head.logits(feats)
-        if self.draft_forward is not self.head:          # the fast kernels (float32 features)
-            if self.draft_vocab is None:
-                return self.decoder.logits(feats)
-            logits = kernels.linear(feats, self._draft_lm_packed)
-            return logits + self.draft_lm_bias.float() if self.draft_lm_bias is not None else logits
-        if self.draft_vocab is None:
-            return self.lm_head(feats)
-        logits = feats @ self.draft_lm_weight.T
-        return logits + self.draft_lm_bias if self.draft_lm_bias is not None else logits
+        """Prompt lookup beside the head (``TreeConfig.lookup``): one more branch, copied from
+        where the context's last tokens occurred before (``drafters.pld.with_lookup_branch``),
+        as many nodes as this forward's free rows allow."""
+        return with_lookup_branch(tree, run, cfg, self.free_rows)
 
     # --- verify -----------------------------------------------------------------------------
 
@@ -441,37 +384,9 @@ class Engine:
 
     def record_tree(self, verified: _Verified, tree: DraftTree, path: list[int],
                     sampling: SamplingConfig) -> DraftTreeRecord:
-        """The step's tree for consumers: statuses, texts, and p of every node, the target's
-        probability of the node's token given its parent (the shaped distribution when
-        sampling; plain softmax when greedy: in one C call on the fast kernels, else through
-        log_softmax, on a CPU core 2.4x faster than logsumexp over the same (R, V) rows)."""
-        status = ["unreached"] * len(tree)
-        reached_rows = {0} | {i + 1 for i in path}
-        for i, parent in enumerate(tree.parents):
-            if parent + 1 in reached_rows:
-                status[i] = "rejected"
-        for i in path:
-            status[i] = "accepted"
-        p_nodes: list[float] = []
-        row_logits = verified.batch
-        if len(tree):
-            # only the rows of nodes with children: a small tree's batch also holds its leaves
-            where = {row: j for j, row in enumerate(verified.lm_rows)}
-            node_rows = [where[par + 1] for par in tree.parents]                  # (N,) rows of the batch
-            fast = kernels.node_probs(row_logits, node_rows, tree.tokens) if sampling.greedy else None
-            if fast is not None:       # each node's softmax probability in one C call
-                p_nodes = fast
-            else:
-                parent_rows = sorted(set(node_rows))
-                at = {j: i for i, j in enumerate(parent_rows)}
-                # (P, V): index_select, not row_logits[list] (advanced indexing: ~50 against ~13 us a step)
-                row_logits = row_logits.index_select(0, torch.tensor(parent_rows, device=row_logits.device))
-                rows = torch.tensor([at[j] for j in node_rows], device=row_logits.device)
-                cols = torch.tensor(tree.tokens, device=row_logits.device)
-                if sampling.greedy:
-                    p_nodes = torch.log_softmax(row_logits.float(), dim=-1)[rows, cols].exp().tolist()   # (P, V) -> (N,)
-                else:
-                    p_nodes = verify.logits_to_probs(row_logits, sampling)[rows, cols].tolist()
+        """The step's tree for consumers: statuses, texts, and p of every node (record.py)."""
+        status = node_statuses(tree, path)
+        p_nodes = node_probs(verified, tree, sampling)
         texts = self.token_texts(tree.tokens)
         return DraftTreeRecord(root_token=verified.root, tokens=list(tree.tokens), texts=texts,
                                parents=list(tree.parents), depths=list(tree.depths), q=list(tree.q),

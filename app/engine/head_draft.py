@@ -12,26 +12,22 @@ forward over the frontier's (predicted parent feature, token) pairs, each attend
 committed pairs and to its own ancestors' in-step entries, then q's top-k children of each
 (EAGLE-2's expansion), or one child sampled from q for a sampled chain. ``Engine.draft``
 (engine.py) strings these together and crops the in-step entries afterwards. The head's
-forward and LM head are reached through the engine (``engine.draft_forward``,
-``engine._draft_logits``), which picks them once: the fast kernels or the head itself, the
-full vocabulary or the draft vocabulary.
+forward, embeddings and LM head come from the engine's ``DraftModel`` (draft_model.py), which
+picks them once: the fast kernels or the head itself, the full vocabulary or the draft
+vocabulary. This module reads only that, never the engine.
 """
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import torch
 
 from app.engine import kernels, kv, verify
 from app.engine.config import SamplingConfig, TreeConfig
+from app.engine.draft_model import DraftModel
 from app.engine.run_state import _Run
 from app.engine.tree import ROOT, DraftTree, mask_rows, proposals_needed
 
-if TYPE_CHECKING:   # for the annotations only: engine.py imports this module
-    from app.engine.engine import Engine
 
-
-def read_pending(engine: Engine, run: _Run, leave: int = 0) -> tuple[torch.Tensor | None, int]:
+def read_pending(draft: DraftModel, run: _Run, leave: int = 0) -> tuple[torch.Tensor | None, int]:
     """The head reads the pending pairs but the last ``leave`` (causal among themselves, all of
     its cache before them). Returns its last output, the predicted feature after the last pair
     read (1, 1, H: at the root when ``leave`` is 0), and the head's committed length after
@@ -40,35 +36,25 @@ def read_pending(engine: Engine, run: _Run, leave: int = 0) -> tuple[torch.Tenso
     The prefill reads the prompt's pairs with ``leave=1`` (``Engine._prefill``): reading a
     prompt through the head is prompt work, like the target's prefill, and takes tens of ms
     for a long one; the first step then reads what is left, as every step does."""
-    cache, device = run.draft_cache, engine.target.device
+    cache, device = run.draft_cache, draft.device
     base = kv.cache_length(cache)
     n_read = len(run.pending_tokens) - leave
     if n_read <= 0:
         return None, base
-    emb = _embed(engine, run.pending_tokens[:n_read])                                               # (1, P, H)
+    emb = draft.embed(run.pending_tokens[:n_read])                                                  # (1, P, H)
     pos = torch.arange(base, base + n_read, device=device)[None]                                   # (1, P)
     # causal over the cache: the fast kernels' head reads that from no mask at all (no mask
     # to build, convert and test key by key, every step)
-    mask = None if getattr(engine.draft_forward, "causal_without_mask", False) else \
+    mask = None if getattr(draft.forward, "causal_without_mask", False) else \
         torch.ones(n_read, base + n_read, dtype=torch.bool, device=device).tril(base)[None, None]
     features = run.pending_features if not leave else run.pending_features[:, :n_read]             # (1, P, H)
-    out = engine.draft_forward(emb, features, pos, mask, cache)                                    # (1, P, H)
+    out = draft.forward(emb, features, pos, mask, cache)                                           # (1, P, H)
     if leave:
         # a copy: the view would keep the whole prompt's features alive
         run.pending_features, run.pending_tokens = run.pending_features[:, n_read:].clone(), run.pending_tokens[n_read:]
     else:
         run.pending_features, run.pending_tokens = None, []
     return out[:, -1:], base + n_read
-
-
-def _embed(engine: Engine, tokens: list[int]) -> torch.Tensor:
-    """(1, T, H) the head's input embeddings of ``tokens``: in one C call on the fast kernels
-    (float32, what their head reads), else through the head's own ``embed``."""
-    fast = getattr(engine.draft_forward, "embed_ids", None)
-    out = fast(tokens) if fast is not None else None
-    if out is not None:
-        return out
-    return engine.head.embed(torch.tensor([tokens], device=engine.target.device), engine.embedding)
 
 
 class HeadDrafting:
@@ -81,9 +67,9 @@ class HeadDrafting:
     ``prefix + d - 1`` (``_pair_position``).
     """
 
-    def __init__(self, engine: Engine, run: _Run, cfg: TreeConfig, sampling: SamplingConfig,
+    def __init__(self, draft: DraftModel, run: _Run, cfg: TreeConfig, sampling: SamplingConfig,
                  root_feature: torch.Tensor, prefix: int):
-        self.engine, self.run, self.sampling = engine, run, sampling
+        self.draft, self.run, self.sampling = draft, run, sampling
         self.cache = run.draft_cache
         self.root_feature = root_feature        # (1, 1, H) predicted feature at the root
         self.prefix = prefix                    # the head's committed length
@@ -102,13 +88,13 @@ class HeadDrafting:
         its own ancestors' in-step entries."""
         if frontier == [ROOT]:
             return self.root_feature[0]                                                 # (1, H)
-        device, cache = self.engine.target.device, self.cache
+        device, cache = self.draft.device, self.cache
         parent_feats = torch.stack([self.root_feature[0, 0] if tree.parents[n] == ROOT
                                     else self.node_feature[tree.parents[n]] for n in frontier])[None]  # (1, F, H)
         length = kv.cache_length(cache)
         # each row sees the committed pairs, its ancestors' in-step entries and its own
         visible = [[self.node_slot[a] for a in tree.ancestors(n)] + [length + row] for row, n in enumerate(frontier)]
-        if getattr(self.engine.draft_forward, "takes_row_masks", False):
+        if getattr(self.draft.forward, "takes_row_masks", False):
             mask = mask_rows(visible, self.prefix, length + len(frontier))                # (F, S) uint8
         else:
             mask = torch.zeros(len(frontier), length + len(frontier), dtype=torch.bool, device=device)
@@ -117,8 +103,7 @@ class HeadDrafting:
                 mask[row, slots] = True
             mask = mask[None, None]                                                    # (1, 1, F, S)
         pos = torch.full((1, len(frontier)), self._pair_position(depth - 1), device=device)
-        out = self.engine.draft_forward(_embed(self.engine, [tree.tokens[n] for n in frontier]), parent_feats, pos,
-                                        mask, cache)
+        out = self.draft.forward(self.draft.embed([tree.tokens[n] for n in frontier]), parent_feats, pos, mask, cache)
         feats = out[0]                                                                 # (F, H)
         for row, n in enumerate(frontier):
             self.node_feature[n] = feats[row]
@@ -127,15 +112,15 @@ class HeadDrafting:
 
     def propose(self, tree: DraftTree, frontier: list[int], depth: int):
         """For each frontier node: (q of its candidate children, their token ids)."""
-        engine = self.engine
-        draft_logits = engine._draft_logits(self._features(tree, frontier, depth))      # (F, V or Vd)
+        draft = self.draft
+        draft_logits = draft.logits(self._features(tree, frontier, depth))              # (F, V or Vd)
         if self.sampled_chain:
             q = verify.logits_to_probs(draft_logits, self.sampling)[0]                  # (V or Vd,)
             j = verify.sample(q, self.run.generator)   # drawn over the draft vocabulary: no 49k-way draw
-            tok = j if engine.draft_vocab is None else int(engine.draft_vocab[j])
+            tok = j if draft.vocab is None else int(draft.vocab[j])
             q_j = float(q[j])
-            if engine.draft_vocab is not None:   # q over the full vocabulary, 0 outside the draft set
-                q = torch.zeros(engine.lm_head.weight.shape[0], device=q.device).index_copy_(0, engine.draft_vocab, q)
+            if draft.vocab is not None:   # q over the full vocabulary, 0 outside the draft set
+                q = torch.zeros(draft.vocab_size, device=q.device).index_copy_(0, draft.vocab, q)
             self.chain_q.append(q)
             return [[q_j]], [[tok]]
         # q of the k best children: exp(logit - logsumexp), no full softmax written; in one
@@ -148,6 +133,6 @@ class HeadDrafting:
             q_top = torch.exp(top.values.float() - torch.logsumexp(draft_logits.float(), dim=-1, keepdim=True))
             top_ids = top.indices
         ids = top_ids.tolist()
-        if engine.draft_vocab_ids is not None:        # draft-vocabulary indices -> token ids
-            ids = [[engine.draft_vocab_ids[j] for j in row] for row in ids]
+        if draft.vocab_ids is not None:        # draft-vocabulary indices -> token ids
+            ids = [[draft.vocab_ids[j] for j in row] for row in ids]
         return q_top.tolist(), ids

@@ -250,7 +250,7 @@ SETTINGS: tuple[Setting, ...] = (
     # then unused). Output is the same either way; only speed changes.
     Setting("adapt", "bool", False, methods=("dynamic",),
             label="adapt the tree while decoding (the run picks each step's tree by measured speed)"),
-    # Prompt lookup beside the head (``Engine._with_lookup_branch``). Off by default for the
+    # Prompt lookup beside the head (``drafters.pld.with_lookup_branch``). Off by default for the
     # engine; the page's default tree turns it on (``app.engine.adapt.auto_lookup``), as the
     # CLI's auto tree does. Added after ``adapt``, so the earlier settings keep their places.
     Setting("lookup", "int", 0, 0, MAX_DEPTH, methods=HEAD_METHODS, owner="tree",
