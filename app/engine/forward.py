@@ -53,5 +53,15 @@ def fast_unavailable(target) -> str | None:
     return None
 
 
+def describe(decoder) -> dict:
+    """What a visitor should know of the forward a target decodes with: ``{"fast": bool,
+    "text": ...}``, the text naming the kernels, or saying why the fast forward is not running
+    (``fallback_reason``) when it is not."""
+    if isinstance(decoder, RowwiseLlamaDecoder):
+        kind = getattr(kernels.load(), "kind", "")
+        return {"fast": True, "text": f"the fast forward (our batch-invariant C kernels{', ' + kind if kind else ''})"}
+    return {"fast": False, "text": getattr(decoder, "fallback_reason", "") or "the eager forward"}
+
+
 def _say(line: str) -> None:
     print(f"[eagle-lens] {line}", file=sys.stderr, flush=True)

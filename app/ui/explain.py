@@ -18,11 +18,16 @@ WHAT_IS_THIS = (
     "trace in memory). Drag the **step slider** (or press ▶) to walk through a run step by step.")
 
 
+# what the eager fallback costs EAGLE, measured (benchmarks/README.md, "The eager fallback")
+EAGER_NOTE = "it needs a C compiler: a Space gets one from packages.txt"
+
+
 def header_markdown(model: dict | None, tree: dict | None, sized_here: bool, head_missing: str = "") -> str:
     """The page's header in a visitor's words: which model answers, on what, what the draft
     head is, and the default tree and why (linking the tab that shows the measurement).
 
-    ``model``: {"target", "head", "device", "dtype"} or None (a replay-only server);
+    ``model``: {"target", "head", "device", "dtype"} and optionally "forward"
+    (``app.engine.forward.describe``), or None (a replay-only server);
     ``tree``: the default tree's {"total_tokens", "depth", "top_k"}; ``sized_here``: whether
     it was measured fastest on this machine (``autotune``) or is the engine's fixed default."""
     title = "# EAGLE Lens — watch speculative decoding think\n"
@@ -31,6 +36,13 @@ def header_markdown(model: dict | None, tree: dict | None, sized_here: bool, hea
                         "you upload), every step exactly as it ran.")
     device = {"cpu": "CPU", "cuda": "GPU", "mps": "Apple GPU"}.get(model.get("device", ""), model.get("device", ""))
     text = f"Answers come from **{model['target']}** on this server's {device} ({model['dtype']}). "
+    forward = model.get("forward")
+    if forward and forward["fast"]:
+        text += f"Every target forward runs on {forward['text']}. "
+    elif forward and model.get("device") == "cpu":
+        text += (f"⚠️ **The fast forward is not running** ({forward['text']}): the target decodes on the eager "
+                 f"forward, where a forward over a tree costs much more than one over a single token, so EAGLE "
+                 f"gains less here than on a machine with the fast forward ({EAGER_NOTE}). ")
     if head_missing:
         return title + text + "No draft head is loaded, so only plain decoding (method vanilla) and recorded runs work."
     text += ("A small **draft head** (one extra layer trained for it) guesses ahead and the model checks all the "

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
+from app.engine.forward import describe as describe_forward
 from app.engine.spec import SETTING, SETTINGS, Setting
 from app.ui import handlers, methods
 from app.ui.blocks.api import ACCORDIONS, FOLDED, page_defaults
@@ -310,7 +311,8 @@ def page_header(ctx: AppContext) -> str:
     if ctx.engine is None:
         return header_markdown(None, None, False)
     tree = ctx.tree_defaults
-    return header_markdown(handlers._model_info(ctx),
+    model = {**handlers._model_info(ctx), "forward": describe_forward(getattr(ctx.engine, "decoder", None))}
+    return header_markdown(model,
                            {"total_tokens": tree.total_tokens, "depth": tree.depth, "top_k": tree.top_k,
                             "lookup": tree.lookup},
                            ctx.tree_choice is not None, ctx.head_missing)
