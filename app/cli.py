@@ -30,21 +30,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jsonl", action="store_true", help="print each step record and the summary as JSON lines")
 
 
-def auto_tree(engine, base: TreeConfig, say, lookup: int | None = None):
-    """The "auto" tree: adapted while decoding, from the kept profile of this machine. On the
-    fast forward a first run measures that profile (the forward's cost curve and the head's
-    acceptance: under a minute, said line by line, then kept), because there the right tree
-    is much larger than the safe small chains; on the eager forward it is left to
-    ``python -m app tune``."""
+def auto_tree(engine, base: TreeConfig, say, lookup: int | None = None, probe_ms: dict | None = None):
+    """The "auto" tree: adapted while decoding, from the kept profile of this machine. A
+    profile kept for any thread count serves (scaled by ``probe_ms``, this start's thread
+    probe: ``autotune.kept_cost_curve``), so a start beside a busy neighbour that picks
+    another thread count than the profile's measures nothing. On the fast forward a first run
+    with no profile at all measures one (the forward's cost curve and the head's acceptance:
+    under a minute, said line by line, then kept), because there the right tree is much
+    larger than the safe small chains; on the eager forward it is left to ``python -m app tune``."""
     # lazy: these load torch and transformers, which `generate --help` never needs
     from app.engine.adapt import adapter_for
-    from app.engine.autotune import cost_curve_text, kept_cost_curve
+    from app.engine.autotune import cost_curve_text, kept_cost_curve, profile_note
     from app.engine.rowwise import RowwiseLlamaDecoder
 
-    measure = isinstance(engine.decoder, RowwiseLlamaDecoder) and kept_cost_curve(engine.target) is None
+    measure = (isinstance(engine.decoder, RowwiseLlamaDecoder)
+               and kept_cost_curve(engine.target, probe_ms=probe_ms) is None)
     if measure:
         say("no kept profile of this machine for the fast forward yet: measuring it once (under a minute)")
-    start, adapter, choice = adapter_for(engine, base, measure=measure, progress=say, lookup=lookup)
+    start, adapter, choice = adapter_for(engine, base, measure=measure, progress=say, lookup=lookup,
+                                         probe_ms=probe_ms)
     trees = ", ".join(adapter._key(t) for t in adapter.candidates)
     trees += " (total/depth/top_k)"
     if start.lookup:
@@ -56,6 +60,8 @@ def auto_tree(engine, base: TreeConfig, say, lookup: int | None = None):
         say(f"adaptive tree over {trees}, starting at the tuned "
             f"{TreeShape.of(start)}; {choice.summary()}")
         say(f"kept forward cost T(n): {cost_curve_text(choice.cost_curve.sizes, choice.cost_curve.ms)}")
+        if note := profile_note(choice.cost_curve):
+            say(f"kept profile: {note}")
     return start, adapter
 
 
@@ -87,7 +93,7 @@ def main(args) -> int:
         say(f"threads: {governor.text()}")
         adapter = None
         if wants_auto_tree(args):
-            tree, adapter = auto_tree(engine, tree, say, lookup=args.lookup)
+            tree, adapter = auto_tree(engine, tree, say, lookup=args.lookup, probe_ms=governor.probe_ms())
         events = governor.guard(engine.generate(args.prompt, tree=tree, sampling=sampling,
                                                 max_new_tokens=args.max_new_tokens, raw=args.raw, adapt=adapter))
     except (ValueError, FileNotFoundError, KeyError, OSError) as exc:

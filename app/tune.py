@@ -1,9 +1,11 @@
 """`python -m app tune`: measure this machine's profile for the auto tree, once, and keep it.
 
 The profile is the target's forward cost curve T(n) (timed as ratios to T(1), so load
-cancels) and the head's acceptance on built-in prompts (``app.engine.autotune``). ``generate``
-and the app read it and never re-measure on their own; run this again after changing the
-machine, the threads or the head (``--retune`` measures even if a profile is kept).
+cancels) and the head's acceptance on built-in prompts (``app.engine.autotune``), kept for
+the thread count chosen here, with the load it met. ``generate`` and the app read it, at this
+or any other thread count (scaled by their thread probe), and never re-measure on their own;
+run this again after changing the machine or the head (``--retune`` measures even if a profile
+is kept: the new one replaces the kept one unless it met more load, ``autotune.replaces``).
 """
 from __future__ import annotations
 
@@ -21,9 +23,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args) -> int:
     # lazy: torch and transformers (~20 s on a loaded CPU) only for a run, not for `tune --help`
-    from app.engine.autotune import choose_tree, cost_curve_text
+    from app.engine.autotune import choose_tree, cost_curve_text, under_load
     from app.engine.factory import load_engine
-    from app.engine.threads import engine_probe
+    from app.engine.threads import ThreadGovernor, engine_probe
 
     try:
         governor = thread_governor(args)
@@ -34,9 +36,18 @@ def main(args) -> int:
         return 2
     load = os.getloadavg()[0]
     say = lambda m: print(f"[tune] {m}", file=sys.stderr, flush=True)  # noqa: E731
-    governor.apply(engine_probe(engine))      # the profile is kept per thread count, like generate picks it
+    probe = engine_probe(engine)
+    governor.apply(probe)                     # the profile is kept per thread count, like generate picks it
     say(f"threads: {governor.text()}")
-    tree, choice = choose_tree(engine, refresh=args.retune, progress=say)
+    # the thread probe is kept with the profile, for the record of how contended the machine
+    # was (at 2 threads beside a busy process it costs several times 1 thread's); a fixed count
+    # did not probe
+    probe_ms = governor.probe_ms()
+    if not probe_ms:
+        record = ThreadGovernor()             # times every count, restores the fixed one
+        record.probe(probe)
+        probe_ms = record.probe_ms()
+    tree, choice = choose_tree(engine, refresh=args.retune, progress=say, probe_ms=probe_ms, derive=False)
     curve = choice.cost_curve
     print(f"[tune] {engine.target.name} ({str(engine.target.dtype).replace('torch.', '')}) on "
           f"{engine.target.device.type}, load average {load:.2f} -> {os.getloadavg()[0]:.2f}")
@@ -45,9 +56,10 @@ def main(args) -> int:
         print("[tune] relative spread of T(n)/T(1): "
               + ", ".join(f"{n}: {x:.0%}" for n, x in zip(curve.sizes, curve.noise) if n > 1))
     print(f"[tune] {choice.summary()}")
-    if load >= 1.0:
-        print(f"[tune] note: measured beside other work (load average {load:.2f}). Under contention a forward over "
-              "several tokens costs relatively more, so this profile favours small trees; generate adapts its "
-              "tree while decoding either way. For the quiet-machine profile run `python -m app tune --retune` "
-              "when the machine is idle.")
+    kept_load = curve.key.get("load")
+    if under_load(kept_load):
+        print(f"[tune] note: measured beside other work (load average {kept_load:.2f}), and marked so. Under "
+              "contention a forward over several tokens costs relatively more, so this profile favours small "
+              "trees; generate adapts its tree while decoding either way. `python -m app tune --retune` on a "
+              "quieter machine replaces it (a busier one never does).")
     return 0

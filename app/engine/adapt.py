@@ -288,7 +288,7 @@ class TreeAdapter:
 
 
 def adapter_for(engine, base: TreeConfig = TreeConfig(), measure: bool = False, progress=None,
-                lookup: int | None = None):
+                lookup: int | None = None, probe_ms: dict | None = None):
     """The adaptive "auto" tree for ``engine``: (start tree, TreeAdapter, TreeChoice or None).
 
     Every candidate that drafts also verifies a prompt-lookup branch of ``lookup`` tokens
@@ -299,9 +299,11 @@ def adapter_for(engine, base: TreeConfig = TreeConfig(), measure: bool = False, 
     prior; without one, ``measure=False`` starts from the 2-node chain with optimistic priors
     and lets the run's own measurements decide (no foreground calibration), while
     ``measure=True`` measures the profile first (seconds to a minute on a CPU, then kept).
+    A profile kept for another thread count serves too (``autotune.kept_cost_curve``, scaled
+    by ``probe_ms``, the thread probe of this start).
     """
     base = replace(base, lookup=auto_lookup(engine) if lookup is None else lookup)
-    tree, choice = choose_tree(engine, base=base, measure=measure, progress=progress)
+    tree, choice = choose_tree(engine, base=base, measure=measure, progress=progress, probe_ms=probe_ms)
     if choice is None:
         return chain(2, base), TreeAdapter(default_candidates(base=base, free_rows=engine.free_rows)), None
     candidates = default_candidates(tree, base=base, free_rows=engine.free_rows)

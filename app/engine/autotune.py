@@ -29,7 +29,10 @@ the argmax. Its three ingredients are all measured, none assumed:
   median T(1) times the median ratio, and the ratios' spread is kept as the curve's noise.
   Measured once per (model, device, dtype, threads) and kept as JSON under
   ``device.cache_dir() / "autotune"`` (re-measured only on request: ``python -m app tune``);
-  T(n) between measured sizes is interpolated linearly.
+  T(n) between measured sizes is interpolated linearly. A curve kept for one thread count
+  serves the others, scaled by the thread probe (the pick does not depend on the scale), and
+  a curve measured beside other work is marked so and replaced by a quieter measurement
+  (the section "a kept profile" below).
 * tau(d, N): ``calibrate`` decodes a few built-in prompts (not the evaluation sets) with one
   *large* dynamic tree and records, per step, which nodes the target accepted. For greedy
   verification, the nodes a smaller tree would accept are exactly the accepted nodes of the
@@ -68,6 +71,7 @@ import os
 import platform
 import time
 from dataclasses import asdict
+from pathlib import Path
 
 import torch
 
@@ -77,7 +81,7 @@ from app.engine.calibration import (CALIBRATION_PROMPTS, CALIBRATION_SETTINGS, C
 from app.engine.config import TreeConfig
 from app.engine.cost import (DEFAULT_PREFIX, DEFAULT_SIZES, MEASURED_FIELDS, CostCurve, cost_cache_path,
                              cost_curve_text, curve_from_times, load_cost_curve, save_cost_curve)
-from app.engine.threads import wait_policy
+from app.engine.threads import PROBE_TREE_TOKENS, wait_policy
 from app.engine.tree_choice import (DEFAULT_DEPTHS, DEFAULT_TOTALS, Candidate, TreeChoice, choose_from,
                                     pick_robust, predict, rank_candidates)
 
@@ -87,7 +91,8 @@ __all__ = [
     "cost_cache_path", "cost_curve_text", "curve_from_times", "load_cost_curve", "save_cost_curve",
     "DEFAULT_DEPTHS", "DEFAULT_TOTALS", "Candidate", "TreeChoice", "choose_from", "pick_robust", "predict",
     "rank_candidates", "cost_cache_key", "measure_forward_costs", "kept_cost_curve", "forward_cost_curve",
-    "kept_calibration", "cached_calibration", "choose_tree",
+    "kept_calibration", "cached_calibration", "kept_profile", "profile_note", "under_load", "replaces",
+    "thread_scale", "BUSY_LOAD", "choose_tree",
 ]
 
 
@@ -173,14 +178,89 @@ def measure_forward_costs(target, sizes=DEFAULT_SIZES, prefix_len: int = DEFAULT
 
 
 def _load_average() -> float | None:
+    """The 1-minute load average now (None where the OS has none): what a kept measurement
+    records of its neighbours. Tests replace it to inject a load."""
     try:
         return os.getloadavg()[0]
     except (OSError, AttributeError):
         return None
 
 
-def kept_cost_curve(target, sizes=DEFAULT_SIZES) -> CostCurve | None:
-    """The kept T(n) for this target, or None if none was measured for it yet."""
+# --- a kept profile: which one serves, and which one is kept ---------------------------------
+#
+# A profile (cost curve + calibration) is kept per thread count, like the key says, but one
+# measured at any thread count serves every other: ``choose_from`` is invariant to the scale
+# of the curve (every candidate's time is a multiple of it: the calibration is put on the
+# curve's scale through its vanilla step), so the tree it picks from a 2-thread curve is the
+# one it picks from that curve scaled to 1 thread; only the absolute ms it reports change,
+# and those are put on this start's scale by its thread probe (``thread_scale``). The adaptive run measures the
+# real step times anyway. So a start never measures in the foreground while any profile of
+# this machine exists; it measures only when none does (a first start).
+#
+# A measurement records the load it met (the 1-minute load average when it began, and the
+# thread probe then). A profile measured at a load of ``BUSY_LOAD`` or more is marked busy
+# (``under_load``) and is replaced by a later measurement of the same key at a lower load
+# (``python -m app tune --retune``); a measurement at a higher load never replaces a quiet one
+# (``replaces``).
+
+# the load average from which a measurement counts as taken beside other work: another process
+# took about a core
+BUSY_LOAD = 1.0
+# what a thread count's profile depends on beside what every other key holds
+THREAD_FIELDS = ("threads", "omp_wait")
+
+
+def under_load(load: float | None) -> bool:
+    """Whether a measurement that began at this load average was taken beside other work."""
+    return load is not None and load >= BUSY_LOAD
+
+
+def replaces(new_load: float | None, kept_load: float | None) -> bool:
+    """Whether a measurement at ``new_load`` replaces the kept one of the same key, measured at
+    ``kept_load``: a quiet one replaces a quiet one (it is newer) or a busy one; a busy one
+    replaces only a busier one. Without a reading (an OS without load averages, an old record)
+    the newer one is kept unless only the kept one has a reading."""
+    if kept_load is None:
+        return True
+    if new_load is None:
+        return False
+    if not under_load(kept_load):
+        return not under_load(new_load)
+    return new_load < kept_load
+
+
+def _thread_free(key: dict) -> dict:
+    return {k: v for k, v in key.items() if k not in MEASURED_FIELDS and k not in THREAD_FIELDS}
+
+
+def _probe(record: dict | None) -> dict[int, float]:
+    """A thread probe as {threads: ms} (JSON keeps the counts as strings)."""
+    try:
+        return {int(n): float(ms) for n, ms in (record or {}).items() if ms}
+    except (TypeError, ValueError):
+        return {}
+
+
+def thread_scale(curve: CostCurve, threads: int, probe_now: dict | None) -> float:
+    """What puts ``curve`` (measured at another thread count) on the scale of a forward at
+    ``threads`` now: this start's thread probe at ``threads`` over the curve's own price of
+    the probe's work. The probe (``threads.engine_probe``) runs the verify forward over 1 and
+    ``PROBE_TREE_TOKENS`` tokens, so that price is T(1) + T(PROBE_TREE_TOKENS) (on a longer
+    prefix: the scale errs a little low). Without a probe at ``threads`` (a fixed count): 1.
+    Only the reported ms depend on it; the pick does not (see above)."""
+    now = _probe(probe_now).get(threads)
+    price = curve(1) + curve(PROBE_TREE_TOKENS)
+    return now / price if now and price > 0 else 1.0
+
+
+def _preference(key: dict, load: float | None, threads: int):
+    """Sort key among other thread counts' profiles: quiet before busy, then the nearest
+    thread count, then the lower load."""
+    n = key.get("threads") or 0
+    return under_load(load), abs(n - threads), float("inf") if load is None else load
+
+
+def _exact_cost_curve(target, sizes=DEFAULT_SIZES) -> CostCurve | None:
     curve = load_cost_curve(cost_cache_path(cost_cache_key(target)))
     if curve is None or {k: v for k, v in curve.key.items() if k not in MEASURED_FIELDS} != cost_cache_key(target) \
             or not set(sizes) <= set(curve.sizes):
@@ -188,16 +268,61 @@ def kept_cost_curve(target, sizes=DEFAULT_SIZES) -> CostCurve | None:
     return curve
 
 
-def forward_cost_curve(target, sizes=DEFAULT_SIZES, refresh: bool = False, **kw) -> CostCurve:
-    """T(n) for this target, measured once and then kept on disk. It is not re-measured
-    because the machine was busy then: the ratios it is built from cancel load (see
-    ``curve_from_times``); ``refresh`` re-measures (``python -m app tune``)."""
+def kept_cost_curve(target, sizes=DEFAULT_SIZES, probe_ms: dict | None = None,
+                    derive: bool = True) -> CostCurve | None:
+    """The kept T(n) for this target at the current thread count; else (``derive``) one kept
+    for another thread count, scaled by ``thread_scale`` with ``probe_ms`` (this start's
+    thread probe, {threads: ms}) and marked ``derived_from`` in its key; None if no thread
+    count has one."""
+    exact = _exact_cost_curve(target, sizes)
+    if exact is not None or not derive:
+        return exact
+    key = cost_cache_key(target)
+    want = _thread_free(key)
+    others = []
+    for path in sorted(cost_cache_path(key).parent.glob("cost-*.json")):
+        curve = load_cost_curve(path)
+        if curve is not None and _thread_free(curve.key) == want and set(sizes) <= set(curve.sizes) \
+                and curve.key.get("threads") != key["threads"]:
+            others.append(curve)
+    if not others:
+        return None
+    source = min(others, key=lambda c: _preference(c.key, c.key.get("load"), key["threads"]))
+    measured_at = source.key.get("threads") or 0
+    scale = thread_scale(source, key["threads"], probe_ms)
+    derived_key = {**{k: v for k, v in source.key.items() if k not in THREAD_FIELDS},
+                   **{k: key[k] for k in THREAD_FIELDS if k in key},
+                   "derived_from": {"threads": measured_at, "scale": scale}}
+    return CostCurve(sizes=list(source.sizes), ms=[m * scale for m in source.ms], key=derived_key,
+                     noise=list(source.noise))
+
+
+def forward_cost_curve(target, sizes=DEFAULT_SIZES, refresh: bool = False, probe_ms: dict | None = None,
+                       progress=None, **kw) -> CostCurve:
+    """T(n) for this target at this thread count, measured once and then kept on disk. It is
+    not re-measured because the machine was busy then: the ratios it is built from cancel
+    load (see ``curve_from_times``); ``refresh`` measures again (``python -m app tune
+    --retune``), and the new curve replaces the kept one only if it met no more load
+    (``replaces``); otherwise the kept one is returned. ``probe_ms`` (the thread probe now)
+    is kept with a new curve, for the record of how contended the machine was."""
     path = cost_cache_path(cost_cache_key(target))
-    if not refresh and (curve := kept_cost_curve(target, sizes)) is not None:
-        return curve
+    kept = _exact_cost_curve(target, sizes)
+    if not refresh and kept is not None:
+        return kept
     curve = measure_forward_costs(target, sizes=sizes, **kw)
+    if probe_ms:
+        curve.key["probe_ms"] = {str(n): ms for n, ms in _probe(probe_ms).items()}
+    if kept is not None and not replaces(curve.key.get("load"), kept.key.get("load")):
+        (progress or (lambda m: None))(
+            f"kept the cost curve measured at load average {kept.key['load']:.2f}: this one met "
+            f"{_load_text(curve.key.get('load'))}")
+        return kept
     save_cost_curve(curve, path)
     return curve
+
+
+def _load_text(load: float | None) -> str:
+    return "no load reading" if load is None else f"load average {load:.2f}"
 
 
 def _calibration_key(engine, settings: dict) -> dict:
@@ -208,27 +333,54 @@ def _calibration_key(engine, settings: dict) -> dict:
                 **{k: (list(v) if isinstance(v, tuple) else v) for k, v in sorted(settings.items())})
 
 
-def kept_calibration(engine, **kw) -> Calibration | None:
-    """The kept calibration for this engine and settings, or None if there is none yet."""
-    key = _calibration_key(engine, {**CALIBRATION_SETTINGS, **kw})
+def _read_calibration(path) -> Calibration | None:
     try:
-        data = json.loads(calibration_cache_path(key).read_text())
-        return Calibration(**data) if data.get("key") == key else None
+        return Calibration(**json.loads(Path(path).read_text()))
     except (OSError, ValueError, TypeError):
         return None
 
 
-def cached_calibration(engine, refresh: bool = False, **kw) -> Calibration:
+def kept_calibration(engine, derive: bool = True, **kw) -> Calibration | None:
+    """The kept calibration for this engine and settings at the current thread count; else
+    (``derive``) the one kept for another thread count (its tau does not depend on threads,
+    and its timings are used relative to its own vanilla steps: ``choose_from``); None if
+    there is none yet."""
+    key = _calibration_key(engine, {**CALIBRATION_SETTINGS, **kw})
+    path = calibration_cache_path(key)
+    exact = _read_calibration(path)
+    if exact is not None and exact.key == key:
+        return exact
+    if not derive:
+        return None
+    want = _thread_free(key)
+    others = [c for p in sorted(path.parent.glob(f"calib-{key['head']}-*.json"))
+              if (c := _read_calibration(p)) is not None and isinstance(c.key, dict)
+              and _thread_free(c.key) == want and c.key.get("threads") != key["threads"]]
+    return min(others, key=lambda c: _preference(c.key, c.load, key["threads"])) if others else None
+
+
+def cached_calibration(engine, refresh: bool = False, probe_ms: dict | None = None, progress=None,
+                       **kw) -> Calibration:
     """``calibrate`` once per (target cost key, head weights, settings); later calls read JSON.
     A calibration timed while the machine was busy is kept all the same: its tau table does not
-    depend on load, and its timings are used relative to its own interleaved vanilla steps."""
+    depend on load, and its timings are used relative to its own interleaved vanilla steps.
+    ``refresh`` calibrates again; the new one replaces the kept one only if it met no more
+    load (``replaces``)."""
     settings = {**CALIBRATION_SETTINGS, **kw}
     key = _calibration_key(engine, settings)
     path = calibration_cache_path(key)
-    if not refresh and (kept := kept_calibration(engine, **kw)) is not None:
+    kept = kept_calibration(engine, derive=False, **kw)
+    if not refresh and kept is not None:
         return kept
+    load = _load_average()
     cal = calibrate(engine, **settings)
-    cal.key, cal.load = key, _load_average()   # for the record: the load it was measured at
+    # for the record: the load it met and the thread probe then
+    cal.key, cal.load, cal.load_after = key, load, _load_average()
+    cal.probe_ms = {str(n): ms for n, ms in _probe(probe_ms).items()}
+    if kept is not None and not replaces(cal.load, kept.load):
+        (progress or (lambda m: None))(
+            f"kept the calibration measured at load average {kept.load:.2f}: this one met {_load_text(cal.load)}")
+        return kept
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(asdict(cal)) + "\n")
@@ -236,16 +388,46 @@ def cached_calibration(engine, refresh: bool = False, **kw) -> Calibration:
     return cal
 
 
+def kept_profile(engine, probe_ms: dict | None = None, calibration: dict | None = None,
+                 derive: bool = True) -> tuple[CostCurve | None, Calibration | None]:
+    """(cost curve, calibration) kept for this engine, each None where no thread count has one
+    (``derive=False``: only this thread count's)."""
+    return (kept_cost_curve(engine.target, probe_ms=probe_ms, derive=derive),
+            kept_calibration(engine, derive=derive, **(calibration or {})))
+
+
+def profile_note(cost: CostCurve, cal: Calibration | None = None) -> str:
+    """Where a profile in use came from, in a few words: "" for one measured at this thread
+    count beside no other work; else e.g. "measured at 2 threads, scaled x0.31 by the thread
+    probe; measured beside other work (load average 1.72): `python -m app tune --retune`
+    on a quieter machine replaces it"."""
+    parts = []
+    derived = cost.key.get("derived_from")
+    if derived:
+        parts.append(f"measured at {derived['threads']} thread(s), scaled x{derived['scale']:.2f} to "
+                     f"{cost.key.get('threads')} by the thread probe")
+    loads = [x for x in (cost.key.get("load"), cal.load if cal is not None else None) if under_load(x)]
+    if loads:
+        parts.append(f"measured beside other work (load average {max(loads):.2f}): "
+                     "`python -m app tune --retune` on a quieter machine replaces it")
+    return "; ".join(parts)
+
+
 def choose_tree(engine, method: str = "dynamic", base: TreeConfig | None = None, refresh: bool = False,
-                calibration: dict | None = None, progress=None,
-                measure: bool = True) -> tuple[TreeConfig, TreeChoice] | tuple[None, None]:
+                calibration: dict | None = None, progress=None, measure: bool = True,
+                probe_ms: dict | None = None, derive: bool = True) -> tuple[TreeConfig, TreeChoice] | tuple[None, None]:
     """The "auto" tree for this engine: (TreeConfig to decode with, report to show).
 
-    First call on a machine measures the target's forward cost curve (seconds) and runs a
-    short calibration decode with the head (tens of seconds on a CPU); both are cached on
-    disk, so later calls return at once. ``base`` supplies the knobs not tuned here
-    (tau_high, min_confidence, ...); ``calibration`` overrides ``calibrate``'s settings;
-    ``progress(message)`` is called before each slow stage (for a UI status line).
+    From the kept profile (cost curve + calibration) when there is one, at this thread count
+    or (``derive``) at another (``kept_cost_curve``, ``kept_calibration``): nothing is measured
+    then. Otherwise the first call on a machine measures what no thread count has kept: the
+    target's forward cost curve (seconds) and a short calibration decode with the head (tens
+    of seconds on a CPU); both are kept on disk. ``refresh`` measures both again (they replace
+    the kept ones if they met no more load: ``replaces``). ``base`` supplies the knobs not tuned
+    here (tau_high, min_confidence, ...); ``calibration`` overrides ``calibrate``'s settings;
+    ``progress(message)`` is called before each slow stage (for a UI status line);
+    ``probe_ms`` is this start's thread probe ({threads: ms}: ``ThreadGovernor.probe_ms``),
+    which scales another thread count's curve and is kept with a new measurement.
 
     tau is calibrated with greedy verification; under sampling (temperature > 0) acceptance
     is usually lower, so the chosen tree is, if anything, a little large for sampling.
@@ -259,16 +441,17 @@ def choose_tree(engine, method: str = "dynamic", base: TreeConfig | None = None,
         raise ValueError(f"choose_tree tunes the dynamic (EAGLE-2) tree only, got method {method!r}")
     if engine.head is None:
         raise ValueError("choose_tree needs a draft head: its acceptance decides the tree size")
-    if not measure:
-        cost, cal = kept_cost_curve(engine.target), kept_calibration(engine, **(calibration or {}))
-        if cost is None or cal is None:
+    cost = cal = None
+    if not refresh:
+        cost, cal = kept_profile(engine, probe_ms=probe_ms, calibration=calibration, derive=derive)
+        if (cost is None or cal is None) and not measure:
             return None, None
-        choice = choose_from(cost, cal, base or TreeConfig())
-        return choice.tree, choice
     say = progress or (lambda message: None)
-    say("auto tree: target forward cost over tree sizes (measured once per model, device, dtype)")
-    cost = forward_cost_curve(engine.target, refresh=refresh)
-    say("auto tree: calibrating the head's acceptance (once per head)")
-    cal = cached_calibration(engine, refresh=refresh, **(calibration or {}))
+    if cost is None:
+        say("auto tree: target forward cost over tree sizes (measured once per model, device, dtype)")
+        cost = forward_cost_curve(engine.target, refresh=refresh, probe_ms=probe_ms, progress=say)
+    if cal is None:
+        say("auto tree: calibrating the head's acceptance (once per head)")
+        cal = cached_calibration(engine, refresh=refresh, probe_ms=probe_ms, progress=say, **(calibration or {}))
     choice = choose_from(cost, cal, base or TreeConfig())
     return choice.tree, choice

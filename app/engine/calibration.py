@@ -50,6 +50,8 @@ class Calibration:
     total_tokens: int
     key: dict = field(default_factory=dict)
     load: float | None = None      # 1-minute load average when it was measured (CPU timings)
+    load_after: float | None = None    # ... and when it ended
+    probe_ms: dict = field(default_factory=dict)   # the thread probe then: {threads: ms} (``threads.ThreadGovernor``)
 
     def tau(self, depth: int, total: int) -> tuple[float, float]:
         """(measured, confidence-estimated) tokens per step for EAGLE-2's tree of ``total``

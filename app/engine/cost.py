@@ -101,7 +101,10 @@ def curve_from_times(sizes: list[int], times: dict[int, list[float]]) -> tuple[l
     return ms, noise
 
 
-MEASURED_FIELDS = ("raw_ms", "load", "load_after")   # in a curve's key, but not part of what it depends on
+# in a curve's key, but not part of what it depends on: the raw timings, the 1-minute load average
+# before and after measuring and the thread probe's ms per thread count then (how contended the
+# machine was), and for a curve scaled from another thread count's, how (``autotune.kept_cost_curve``)
+MEASURED_FIELDS = ("raw_ms", "load", "load_after", "probe_ms", "derived_from")
 
 
 def cost_curve_text(sizes, ms) -> str:

@@ -150,6 +150,12 @@ class ThreadGovernor:
         self.choice, self._when = 1, 0.0
         self.fell_back = why
 
+    def probe_ms(self) -> dict[int, float]:
+        """The last probe as {threads: median ms per probe forward} ({} before any, or fixed):
+        kept with a measured profile (how contended the machine was) and used to scale another
+        thread count's kept profile to this one (``autotune.thread_scale``)."""
+        return {n: statistics.median(t) for n, t in self.times.items() if t}
+
     def text(self) -> str:
         if self.fixed is not None:
             return f"{self.fixed} thread(s), fixed"
@@ -159,7 +165,12 @@ class ThreadGovernor:
         return f"{self.choice} thread(s) (probe, ms per probe forward by thread count: {parts})"
 
 
-def engine_probe(engine, prefix_len: int = 64, tree_tokens: int = 4):
+# the probe forward's tree-sized query (tokens): ``autotune.thread_scale`` prices the probe on a
+# kept cost curve as T(1) + T(PROBE_TREE_TOKENS)
+PROBE_TREE_TOKENS = 4
+
+
+def engine_probe(engine, prefix_len: int = 64, tree_tokens: int = PROBE_TREE_TOKENS):
     """A ``forward()`` for ``ThreadGovernor.probe``: the engine's own decode forward over 1
     token and over ``tree_tokens`` tokens on a short cached prefix, plus the LM head."""
     # lazy: kv imports transformers (+3 s measured); the ThreadGovernor above is read before

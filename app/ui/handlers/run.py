@@ -105,8 +105,10 @@ def tree_plan(ctx: AppContext, request: Request):
     measured in the foreground. Otherwise every step uses the request's tree."""
     if not (request.adapt and request.tree.method == "dynamic"):
         return request.tree, None
+    # a profile kept for any thread count serves, scaled by the last thread probe (autotune.kept_cost_curve)
     start, adapter, _ = ctx.engine_thread.call(adapter_for, ctx.engine, request.tree, measure=False,
-                                               lookup=request.tree.lookup)     # the page's lookup knob
+                                               lookup=request.tree.lookup,     # the page's lookup knob
+                                               probe_ms=ctx.threads.probe_ms())
     return start, adapter
 
 
