@@ -501,7 +501,7 @@ def test_cost_curves_are_keyed_by_the_kernel_source(monkeypatch, tmp_path):
     assert before == key() and "rowwise" in before["forward"]
     edited = tmp_path / "rowwise.c"
     edited.write_bytes(kernels.SOURCE.read_bytes() + b"\n/* a change */\n")
-    monkeypatch.setattr(kernels, "SOURCE", edited)
+    monkeypatch.setattr(kernels.builds, "SOURCE", edited)
     after = key()
     assert after["forward"] != before["forward"] and {**after, "forward": None} == {**before, "forward": None}
 

@@ -1,125 +1,41 @@
-"""Build, cache and call the batch-invariant CPU kernels of ``rowwise.c``.
+"""Load and call the batch-invariant CPU kernels of ``rowwise.c``.
 
-``available()`` says whether they can run here (an x86 CPU with AVX2 + FMA, a C compiler),
-and why not when they cannot; nothing here raises on a machine without them: the engine
-then keeps its eager forward. The shared library is compiled once per (source, ISA,
-compiler) into ``cache_dir()/kernels`` (about a second with gcc) and loaded from there on
-every later start.
+``load()`` returns the loaded library, or None where the kernels cannot run here (an x86 CPU
+with AVX2 + FMA and a C compiler or a cached build are needed), with ``why_not()`` saying why;
+nothing here raises on a machine without them: the engine then keeps its eager forward. The
+shared library is compiled once per (source, ISA, compiler) into ``cache_dir()/kernels`` and
+loaded from there on every later start.
 
-ISA: AVX-512 where the CPU has it (with AMX tiles for the bfloat16 linears where the CPU
-and the OS allow them, ``amx()``), else AVX2 + FMA. ``ATEN_CPU_CAPABILITY=avx2`` (the
-switch that makes torch treat an AVX-512 CPU as AVX2-only) makes these kernels do the same,
-so one environment emulates an AVX2 machine for the whole forward; likewise
-``ONEDNN_MAX_CPU_ISA=AVX512_CORE`` an AVX-512 CPU without native bfloat16
-(``device.cpu_class_cap``).
+The package:
+
+    __init__.py     the loaded library (``load``) and one Python function per kernel: each
+                    checks its tensors and calls C (``linear``, ``attention``, ``decoder``,
+                    ``top_probs``, ...), and ``Packed``, a weight in the layout ``linear`` reads
+    builds.py       which ISA this CPU runs (``isa``), compiling ``rowwise.c`` for it and the
+                    cache of builds, keyed by a hash of every source file (``build``)
+    signatures.py   the C functions' ctypes signatures and the structs ``decoder`` passes
+    hugepages.py    memory on 2 MB pages for the packed weights
+    rowwise.c       the kernels, with its parts in ``rowwise/`` (one file per kernel family)
+
+The loaded library is this module's ``_lib``: benchmarks swap another build in there to time
+two builds in one process (``load_other``).
 """
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import torch
 
-from app.engine import device
-from app.engine.device import cache_dir, cpu_class_cap, cpu_flags  # noqa: F401  (cpu_flags: for scripts)
-from app.engine.kernels import hugepages
-
-SOURCE = Path(__file__).with_name("rowwise.c")
-FLAGS = {"amx": ["-mamx-tile", "-mamx-bf16", "-mavx512f", "-mavx512bw", "-mavx512bf16", "-mavx2", "-mfma"],
-         "avx512bf16": ["-mavx512f", "-mavx512bw", "-mavx512bf16", "-mavx2", "-mfma"],
-         "avx512": ["-mavx512f", "-mavx512bw", "-mavx2", "-mfma"], "avx2": ["-mavx2", "-mfma"]}
+from app.engine.device import cpu_flags  # noqa: F401  (for scripts)
+from app.engine.kernels import builds, hugepages
+from app.engine.kernels.builds import (FLAGS, SOURCE, build, command, compiler, isa,  # noqa: F401
+                                       library_path, source_key, sources)
+from app.engine.kernels.signatures import KeysT, Layer, declare  # noqa: F401
 
 _lib = None
 _why_not: str | None = None
-
-
-class Layer(ctypes.Structure):
-    """``struct rowwise_layer`` of rowwise.c: one decoder layer's weights and KV-cache buffers
-    for ``decoder``. The tensors behind the pointers must outlive every call (the caller
-    keeps them)."""
-
-    _fields_ = [("norm1", ctypes.c_void_p), ("norm2", ctypes.c_void_p),
-                ("eps1", ctypes.c_float), ("eps2", ctypes.c_float), ("scale", ctypes.c_float),
-                ("qkv", ctypes.c_void_p), ("o", ctypes.c_void_p), ("gate_up", ctypes.c_void_p),
-                ("down", ctypes.c_void_p), ("wfmt", ctypes.c_int),
-                ("keys", ctypes.c_void_p), ("values", ctypes.c_void_p), ("kv_head", ctypes.c_long)]
-
-
-class KeysT(ctypes.Structure):
-    """``struct rowwise_keys_t``: one layer's keys transposed for attention
-    (``kv.PreallocatedLayer.keys_transposed``), passed to ``decoder`` beside the ``Layer``s
-    (a separate array, so that builds of older sources, which do not read it, still run)."""
-
-    _fields_ = [("keys_t", ctypes.c_void_p), ("kt_head", ctypes.c_long), ("valid", ctypes.c_void_p)]
-
-
-def isa() -> str | None:
-    """The vector ISA to build for: amx (AVX-512 with native bfloat16 and AMX tiles),
-    avx512bf16 (native bfloat16 dot products), avx512, avx2, or None (no kernels on this CPU)."""
-    flags = device.cpu_flags()
-    if not {"avx2", "fma"} <= flags:
-        return None
-    cap = cpu_class_cap()
-    if cap == "none":
-        return None
-    if {"avx512f", "avx512bw"} <= flags and cap != "avx2":     # BW: 16-bit shuffles (every AVX-512 Xeon)
-        if "avx512_bf16" not in flags or cap == "avx512":
-            return "avx512"
-        return "amx" if {"amx_tile", "amx_bf16"} <= flags and cap is None else "avx512bf16"
-    return "avx2"
-
-
-def compiler() -> str | None:
-    """$CC, else gcc, else cc: the first that resolves to a program, or None."""
-    if os.environ.get("CC"):
-        return shutil.which(os.environ["CC"])
-    return shutil.which("gcc") or shutil.which("cc")
-
-
-def command(kind: str, cc: str, out: Path) -> list[str]:
-    return [cc, "-O3", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", *FLAGS[kind],
-            str(SOURCE), "-o", str(out), "-lm"]
-
-
-def source_key() -> str:
-    """12 hex digits naming this version of ``rowwise.c``."""
-    return hashlib.sha1(SOURCE.read_bytes()).hexdigest()[:12]
-
-
-def library_path(kind: str) -> Path:
-    """Where the build for ``kind`` of this exact source and these flags is kept."""
-    key = hashlib.sha1(SOURCE.read_bytes() + " ".join(command(kind, "cc", Path("x"))).encode()).hexdigest()[:12]
-    return cache_dir() / "kernels" / f"rowwise-{kind}-{key}.so"
-
-
-def build(kind: str, cc: str | None, log=None) -> Path:
-    """Compile ``rowwise.c`` for ``kind`` unless a cached build exists; returns the library."""
-    path = library_path(kind)
-    if path.is_file():
-        return path
-    if cc is None:
-        raise RuntimeError("no C compiler (gcc) on this machine, and no cached build of the kernels")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if log:
-        log(f"compiling the batch-invariant {kind} kernels once ({SOURCE.name}, ~2 s) into {path.parent}")
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    cmd = command(kind, cc, tmp)
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    except OSError as exc:
-        raise RuntimeError(f"{cc} could not run: {exc}") from exc
-    if done.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        raise RuntimeError(f"{' '.join(cmd[:2])} failed: {done.stderr.strip()[-400:]}")
-    os.replace(tmp, path)        # atomic: a half-written library is never loaded
-    for stale in path.parent.glob(f"rowwise-{kind}-*.so"):   # builds of an older source
-        if stale != path:
-            stale.unlink(missing_ok=True)                     # a process that loaded it keeps its mapping
-    return path
 
 
 def load(log=None):
@@ -140,81 +56,13 @@ def load(log=None):
     return _lib
 
 
-def declare(lib, kind: str):
-    """Give a loaded build of ``rowwise.c`` its C signatures (and ``kind``); returns it."""
-    lib.rowwise_linear.restype = None
-    lib.rowwise_linear.argtypes = [
-        ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
-        ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
-    lib.rowwise_attention.restype = None
-    lib.rowwise_attention.argtypes = [
-        ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
-        ctypes.c_long, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-        ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p,
-        ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p]   # (older builds ignore the last three)
-    lib.rowwise_group.restype = lib.rowwise_bf16_pairs.restype = ctypes.c_int
-    try:
-        lib.rowwise_block_rows.restype = ctypes.c_int
-    except AttributeError:      # a build of an older source (--baseline): its fixed block height
-        lib.rowwise_block_rows = lambda: 12 if kind.startswith("avx512") else 6
-    lib.rowwise_rmsnorm.restype = lib.rowwise_silu_mul.restype = None
-    lib.rowwise_rmsnorm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
-                                    ctypes.c_float, ctypes.c_void_p]
-    lib.rowwise_silu_mul.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
-    lib.rowwise_rope.restype = None
-    lib.rowwise_rope.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_int, ctypes.c_int,
-                                 ctypes.c_void_p, ctypes.c_void_p]
-    lib.rowwise_decoder.restype = None
-    lib.rowwise_decoder.argtypes = [
-        ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(Layer), ctypes.c_int, ctypes.c_int, ctypes.c_int,
-        ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
-        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_float,
-        ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]   # (older builds ignore the last)
-    try:
-        lib.rowwise_argmax1.restype, lib.rowwise_argmax1.argtypes = ctypes.c_long, [ctypes.c_void_p, ctypes.c_int]
-        lib.rowwise_argmax.restype = lib.rowwise_top_probs.restype = None
-        lib.rowwise_argmax.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_int, ctypes.c_void_p]
-        lib.rowwise_top_probs.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_int, ctypes.c_int,
-                                          ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-    except AttributeError:      # a build of an older source (--baseline)
-        pass
-    try:
-        lib.rowwise_keep_rows.restype = None
-        lib.rowwise_keep_rows.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_int, ctypes.c_int,
-                                          ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
-    except AttributeError:      # a build of an older source (--baseline)
-        pass
-    try:
-        lib.rowwise_node_probs.restype = lib.rowwise_embed.restype = None
-        lib.rowwise_node_probs.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_int, ctypes.c_void_p,
-                                           ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
-        lib.rowwise_embed.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
-                                      ctypes.c_void_p]
-    except AttributeError:      # a build of an older source (--baseline)
-        pass
-    try:
-        lib.rowwise_amx.restype, lib.rowwise_amx.argtypes = ctypes.c_int, []
-    except AttributeError:      # a build of an older source (--baseline): no tiles
-        lib.rowwise_amx = lambda: 0
-    try:
-        lib.rowwise_block_rows_f32.restype = ctypes.c_int
-    except AttributeError:      # a build of an older source (--baseline): one block height for both
-        lib.rowwise_block_rows_f32 = lib.rowwise_block_rows
-    try:
-        lib.rowwise_bf16_unpack.restype = lib.rowwise_vector_width.restype = ctypes.c_int
-    except AttributeError:      # a build of an older source (--baseline): widened k-row by k-row
-        lib.rowwise_bf16_unpack = lambda: 0
-    lib.kind = kind
-    return lib
-
-
 def load_other(source: Path, out: Path):
     """A build of another ``rowwise.c`` (e.g. an earlier revision) for this process's ISA,
     compiled to ``out``: benchmarks swap it in as ``_lib`` to time old and new kernels
     interleaved in one process (scripts/forward_kernels.py --baseline)."""
     kind = isa()
     cmd = command(kind, compiler(), out)
-    cmd[cmd.index(str(SOURCE))] = str(source)
+    cmd[cmd.index(str(builds.SOURCE))] = str(source)
     subprocess.run(cmd, check=True, capture_output=True)
     return declare(ctypes.CDLL(str(out)), kind)
 
