@@ -6,6 +6,7 @@
   reported as their own category (and fail too: the two modules still lean on each other).
   Imports under ``if TYPE_CHECKING:`` never run; a cycle they close is a third category, failed
   as well, since the annotations then name a module that imports this one.
+- no file over ``MAX_LINES`` lines (Python and C): a file a reader can hold in mind at once.
 
 Run as a script for the report: ``python tests/test_house.py``.
 """
@@ -16,6 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "app"
+MAX_LINES = 400
 
 
 # --- imports ------------------------------------------------------------------------------
@@ -156,6 +158,23 @@ def test_the_cycle_finder_sees_a_cycle(tmp_path):
     assert found["typing"] == []
 
 
+# --- sizes --------------------------------------------------------------------------------
+
+def long_files(root: Path = APP, limit: int = MAX_LINES) -> dict[str, int]:
+    """{path: lines} of the .py, .c and .h files under ``root`` longer than ``limit`` lines."""
+    out = {}
+    for path in sorted(p for ext in ("py", "c", "h") for p in root.rglob(f"*.{ext}")):
+        n = len(path.read_text().splitlines())
+        if n > limit:
+            out[str(path.relative_to(root.parent))] = n
+    return out
+
+
+def test_no_file_over_400_lines():
+    assert not long_files(), f"files in app/ over {MAX_LINES} lines (split them by responsibility): {long_files()}"
+
+
 if __name__ == "__main__":
     for category, found in report().items():
         print(f"{category}-level import cycles: {found or 'none'}")
+    print(f"files over {MAX_LINES} lines: {long_files() or 'none'}")
