@@ -1,7 +1,7 @@
 """Probe: would EAGLE-3's multi-layer features raise the head's depth-1 acceptance here?
 
-Why: on this 2-core CPU the fastest tree is a two-node chain (``benchmarks/cpu-profile.md``,
-"One step with the current engine"), so the speedup is bounded by the head's top-1
+Why: on this 2-core CPU's eager forward the fastest tree is a two-node chain (``benchmarks/README.md``,
+"The eager fallback"), so the speedup is bounded by the head's top-1
 acceptance at depth 1 (about 0.5 on the autotune calibration prompts, 0.68 on held-out
 training data). EAGLE-3
 (2503.01840) feeds its head a fusion of low, middle and high target layers instead of the
