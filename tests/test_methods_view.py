@@ -3,6 +3,9 @@ method's greedy output equals vanilla's, the table and the literature table say 
 choice of methods is refused in one line before any model work."""
 from __future__ import annotations
 
+import re
+from types import SimpleNamespace
+
 import pytest
 
 from app.engine.engine import Engine
@@ -10,7 +13,7 @@ from app.ui import methods
 from app.ui.race import round_robin
 from app.ui.session import Session
 from app.ui.settings import AppContext, ServerConfig
-from app.engine.drafters.registry import DRAFTERS
+from app.engine.drafters.registry import DEFAULT_HEAD_KIND, DRAFTERS, HEAD_KINDS, METHODS
 from app.viz.methods import LITERATURE, METHOD_COLOURS, METHOD_NAMES
 from tests.tiny import trained_medusa
 
@@ -160,10 +163,40 @@ def test_another_shipped_head_races_beside_the_servers_own(tmp_path, monkeypatch
         methods.check_compare(ctx, PROMPT, ["vanilla", "dynamic@/tmp"], 24)
 
 
-def test_every_registry_drafter_has_a_name_a_colour_and_the_literatures_numbers():
-    # the comparison offers every drafter of the registry (methods.available_methods)
-    for table in (METHOD_NAMES, METHOD_COLOURS, LITERATURE):
-        assert {d.method for d in DRAFTERS} <= set(table)
+def _compare_choices() -> list[str]:
+    """Every method *Compare methods* can offer: a server with every drafter's weights and a
+    shipped head of every kind (``methods.available_methods`` itself, on a stand-in context)."""
+    others = {kind: None for kind in HEAD_KINDS if kind != DEFAULT_HEAD_KIND}
+    ctx = SimpleNamespace(engine=SimpleNamespace(**{d.weights: object() for d in DRAFTERS if d.weights}),
+                          has_head=True, heads=others)
+    return methods.available_methods(ctx)
+
+
+def test_every_method_on_the_page_has_its_name_colour_and_papers_numbers_in_the_registry():
+    from app.engine import spec
+    from app.viz import style
+
+    compare = _compare_choices()
+    assert {d.method for d in DRAFTERS} | {"vanilla", "static", "dynamic", "dynamic@eagle3"} <= set(compare)
+    on_page = set(compare) | set(spec.PAGE_METHODS) | set(spec.METHODS)   # the comparison, the method choices
+    missing = sorted(m for m in on_page if m not in METHODS)
+    assert not missing, f"methods the page shows without an entry in app.engine.drafters.registry: {missing}"
+    for method in on_page:
+        facts = METHODS[method]
+        assert facts.name.strip(), method
+        assert re.fullmatch(r"#[0-9a-f]{6}", facts.colour), (method, facts.colour)
+    for method in compare:   # the literature table lists each with its paper and Spec-Bench
+        pub = METHODS[method].published
+        assert pub is not None and pub.paper and pub.paper_speedup and pub.spec_bench, method
+        assert method == "vanilla" or pub.citation.startswith("https://"), method
+    colours = [f.colour for f in METHODS.values()]
+    assert len(set(colours)) == len(colours), "two methods share a colour"
+    # the views read the registry, not copies of it
+    assert METHOD_NAMES == {m: f.name for m, f in METHODS.items()}
+    assert METHOD_COLOURS == {m: f.colour for m, f in METHODS.items()}
+    assert set(LITERATURE) == {m for m, f in METHODS.items() if f.published} >= set(compare)
+    assert (style.VANILLA, style.EAGLE) == (METHODS["vanilla"].colour, METHODS["dynamic"].colour)
+    assert all(methods.choice_label(m).startswith(METHODS[m].name) for m in compare)
 
 
 def test_the_table_says_when_an_output_differs_from_vanillas():

@@ -2,6 +2,7 @@
 guided tour's steps and the example prompts."""
 from __future__ import annotations
 
+from app.engine.drafters.registry import METHODS
 from app.viz.verify_view import kv_caption, mask_caption, tree_caption
 
 TREE_SIZE_LINK = "#tree-size"   # a link the page's script turns into "open the tab Tree size for this machine"
@@ -83,7 +84,10 @@ TOUR_STEPS = (
      "against plain decoding, pin a run as A and compare another tree against it."),
 )
 
-HOW_IT_WORKS = """
+# the papers' speedups, from each method's registry entry
+_PAPER = {method: METHODS[method].published.paper_speedup for method in ("static", "dynamic", "dynamic@eagle3")}
+
+HOW_IT_WORKS = f"""
 ### How EAGLE-2 works — in three phases per step
 
 A language model normally produces **one token per forward pass** of the big *target* model.
@@ -118,9 +122,9 @@ rate, so spending the tree's budget on confident nodes pays.
 
 | | what changed | the papers' speedup | measured here (SmolLM2-135M target, greedy) |
 |---|---|---|---|
-| **EAGLE** | the draft works on *features*: one decoder layer reads the target's last hidden state and the next token, predicts the next hidden state, and the target's own LM head turns it into tokens; a fixed tree shape | 2.7–3.5× (LLaMA2-Chat 70B) | static 24-node tree with the shipped head: τ 2.69 on mt_bench |
-| **EAGLE-2** | the same head; the tree is *dynamic*: the draft's confidence tracks acceptance, so the most confident nodes are expanded and the best `total_tokens` kept | 3.05–4.26× | 60/5/10 tree: τ 3.05 on all 80 mt_bench prompts; the 3-node tree 3/2/2 with a prompt-lookup branch, the size a 2-core CPU runs fastest: τ 2.19 and 1.71× plain decoding over six prompt sets |
-| **EAGLE-3** | no feature regression: trained on tokens only, with *training-time test* (it learns from its own earlier drafts, as it drafts); it reads low, mid and high target layers fused by one linear layer, and drafts over a smaller vocabulary | up to 6.5× (≈1.4× EAGLE-2) | not shipped: trained here on 1.85M answer tokens, held-out depth-1 acceptance 0.638 against the shipped EAGLE-2 head's 0.686, τ 1.97 against 2.05 at an 8/3/4 tree; given the same data and 55 minutes of this CPU each, 0.46 against 0.58 for EAGLE-2's recipe (`benchmarks/eagle3-vs-eagle2-equal-time.md`) |
+| **EAGLE** | the draft works on *features*: one decoder layer reads the target's last hidden state and the next token, predicts the next hidden state, and the target's own LM head turns it into tokens; a fixed tree shape | {_PAPER['static']} | static 24-node tree with the shipped head: τ 2.69 on mt_bench |
+| **EAGLE-2** | the same head; the tree is *dynamic*: the draft's confidence tracks acceptance, so the most confident nodes are expanded and the best `total_tokens` kept | {_PAPER['dynamic']} | 60/5/10 tree: τ 3.05 on all 80 mt_bench prompts; the 3-node tree 3/2/2 with a prompt-lookup branch, the size a 2-core CPU runs fastest: τ 2.19 and 1.71× plain decoding over six prompt sets |
+| **EAGLE-3** | no feature regression: trained on tokens only, with *training-time test* (it learns from its own earlier drafts, as it drafts); it reads low, mid and high target layers fused by one linear layer, and drafts over a smaller vocabulary | {_PAPER['dynamic@eagle3']} | not shipped: trained here on 1.85M answer tokens, held-out depth-1 acceptance 0.638 against the shipped EAGLE-2 head's 0.686, τ 1.97 against 2.05 at an 8/3/4 tree; given the same data and 55 minutes of this CPU each, 0.46 against 0.58 for EAGLE-2's recipe (`benchmarks/eagle3-vs-eagle2-equal-time.md`) |
 
 **Methods here:** `dynamic` (EAGLE-2), `static` (EAGLE-1's fixed tree shape), `chain` (classic
 one-guess-per-level speculative decoding with the same head), `threshold` (children only above

@@ -12,67 +12,17 @@ All take step records and summaries only, so a recorded comparison draws the sam
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from app.engine.drafters.registry import METHODS, SPEC_BENCH, Published   # noqa: F401  (Published: the literature's record)
 from app.engine.events import RunSummary, StepEvent
 from app.viz import style
 from app.viz.race import RaceSpeedup, curve, race_speedup, turns_ahead
 
-# The per-method tables below are keyed by the methods the comparison offers: vanilla, the
-# drafters of the registry (``app.engine.drafters.registry.DRAFTERS``, by their ``method``), the
-# EAGLE head's static and dynamic trees and ``dynamic@NAME`` for another shipped head. Their
-# entries are this view's own words, so a new drafter adds a line to each (a test checks that
-# every registry drafter has one).
-
-# One colour per method, fixed, so a method looks the same in every figure of the page.
-METHOD_COLOURS = {
-    "vanilla": style.VANILLA,
-    "pld": "#b45309",
-    "lookahead": "#0891b2",
-    "medusa": "#be185d",
-    "static": "#7c3aed",
-    "dynamic": style.EAGLE,
-    "dynamic@eagle3": "#1d4ed8",
-}
-
-
-@dataclass(frozen=True)
-class Published:
-    """What the literature reports for one method (greedy, batch 1, on a GPU)."""
-
-    paper: str            # where the method comes from
-    paper_speedup: str    # the speedup its own paper reports, with the setting
-    spec_bench: str       # Spec-Bench's overall speedup (Vicuna-7B, RTX 3090, fp16), a common yardstick
-    lossless: str
-    training: str
-
-
-# Published facts (numbers only). Spec-Bench: Xia et al. 2024, leaderboard, Vicuna-7B v1.3 on
-# one RTX 3090, greedy, fp16, overall over six tasks (prompt lookup 2.31x on summarisation).
-LITERATURE = {
-    "vanilla": Published("one target forward per token", "1×", "1×", "yes", "none"),
-    "pld": Published("prompt lookup decoding (Saxena, 2023)", "no paper; gains where the answer copies the prompt",
-                     "1.55× (2.31× on summaries)", "yes", "none"),
-    "lookahead": Published("Lookahead decoding (Fu et al., 2024)", "1.8× (MT-bench, LLaMA-2-7B-chat)", "1.08×", "yes",
-                           "none"),
-    "medusa": Published("Medusa (Cai et al., 2024)", "2.2× (Medusa-1, Vicuna-7B)", "1.44×",
-                        "yes with exact verification (its 'typical acceptance' is not)", "extra heads; target frozen"),
-    "static": Published("EAGLE (Li et al., 2024)", "2.7–3.5× (LLaMA2-Chat 70B)", "2.16×", "yes",
-                        "one decoder layer (the draft head)"),
-    "dynamic": Published("EAGLE-2 (Li et al., 2024)", "3.05–4.26×", "2.25×", "yes", "the EAGLE head, unchanged"),
-    "dynamic@eagle3": Published("EAGLE-3 (Li et al., 2025)", "up to 6.5× (about 1.4× EAGLE-2's)", "–", "yes",
-                                "a draft layer on fused low/mid/high features, training-time test"),
-}
-
-METHOD_NAMES = {
-    "vanilla": "vanilla",
-    "pld": "prompt lookup",
-    "lookahead": "lookahead",
-    "medusa": "Medusa",
-    "static": "EAGLE-1 (static tree)",
-    "dynamic": "EAGLE-2 (dynamic tree)",
-    "dynamic@eagle3": "EAGLE-3 (dynamic tree)",
-}
+# Every method's facts (its name, colour and published numbers) are its entry in the registry
+# (``app.engine.drafters.registry.METHODS``: vanilla, the drafters, the EAGLE heads' trees);
+# these are this view's lookups over them.
+METHOD_COLOURS = {method: facts.colour for method, facts in METHODS.items()}
+METHOD_NAMES = {method: facts.name for method, facts in METHODS.items()}
+LITERATURE = {method: facts.published for method, facts in METHODS.items() if facts.published is not None}
 
 
 def method_name(method: str, steps: list[StepEvent] = ()) -> str:
@@ -194,7 +144,7 @@ def literature_table(summaries: dict[str, RunSummary | None], steps: dict[str, l
     same ratio as ``methods_table``'s."""
     vanilla = summaries.get("vanilla")
     races = method_races(steps, summaries)
-    rows = ["| method | from | paper's speedup | Spec-Bench | lossless | training | here, × vanilla |",
+    rows = [f"| method | from | paper's speedup | [Spec-Bench]({SPEC_BENCH}) | lossless | training | here, × vanilla |",
             "|---|---|---|---|---|---|---|"]
     for method, pub in LITERATURE.items():
         s = summaries.get(method)
@@ -202,6 +152,7 @@ def literature_table(summaries: dict[str, RunSummary | None], steps: dict[str, l
         here = ("not run" if method not in summaries else "…" if s is None
                 else "run without vanilla" if ratio is None else "**1×**" if method == "vanilla"
                 else f"**{_ratio_text(method, s, vanilla, races)}**")
-        rows.append(f"| {METHOD_NAMES[method]} | {pub.paper} | {pub.paper_speedup} | {pub.spec_bench} | "
+        source = f"[{pub.paper}]({pub.citation})" if pub.citation else pub.paper
+        rows.append(f"| {METHOD_NAMES[method]} | {source} | {pub.paper_speedup} | {pub.spec_bench} | "
                     f"{pub.lossless} | {pub.training} | {here} |")
     return "\n".join(rows)

@@ -1,8 +1,11 @@
 """The colours and symbols of the whole app, in one place, so the legend can never drift from
-what the figures and the token stream actually draw."""
+what the figures and the token stream actually draw. A decoding method's own colour is its
+entry in the registry (``app.engine.drafters.registry.METHODS``)."""
 from __future__ import annotations
 
 import plotly.graph_objects as go
+
+from app.engine.drafters.registry import METHODS
 
 DRAFT = "#15803d"        # an accepted draft token (the head guessed it, the target agreed)
 DRAFT_BG = "#dcfce7"
@@ -12,8 +15,8 @@ REJECTED = "#dc2626"     # a node the target looked at and refused (its outline 
 UNREACHED_LINE = "#6b7280"  # outline of a node below a rejected one: never checked
 ROOT = "#6b7280"         # the last committed token, where the tree hangs
 EDGE = "#9ca3af"
-VANILLA = "#6b7280"      # the vanilla curve in the speed race
-EAGLE = DRAFT            # the EAGLE curve in the speed race
+VANILLA = METHODS["vanilla"].colour   # the vanilla curve in the speed race (each method's colour: the registry)
+EAGLE = METHODS["dynamic"].colour     # the EAGLE curve in the speed race: EAGLE-2's, the accepted drafts' green
 
 CONFIDENCE_SCALE = "Viridis"  # a node's own q, on the fixed log scale of app/viz/tree.py (0.001..1)
 LOOKUP_FILL = "#fb923c"  # a node copied from the context by prompt lookup (no model's q: outside the scale)
