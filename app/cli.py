@@ -12,7 +12,8 @@ import sys
 from app.args import (add_model_arguments, add_tree_arguments, thread_governor, threads_from, tree_config_from,
                       wants_auto_tree)
 from app.engine.config import SamplingConfig, TreeConfig, TreeShape, check_max_new_tokens, check_prompt
-from app.engine.sources import check_before_loading
+from app.engine.drafters.registry import DEFAULT_HEAD_KIND
+from app.engine.sources import DEFAULTS, check_before_loading
 from app.engine.spec import KNOB, METHODS
 
 
@@ -65,6 +66,22 @@ def auto_tree(engine, base: TreeConfig, say, lookup: int | None = None, probe_ms
     return start, adapter
 
 
+def default_head(engine, args, say, probe_ms: dict | None):
+    """The engine of the shipped head this machine's kept profile predicts faster
+    (``app.engine.head_choice``): EAGLE-2's unless another shipped head is calibrated here and
+    predicted faster. Says which, and why, when there is a choice."""
+    from app.engine.factory import load_engine
+    from app.engine.head_choice import choose_head, shipped_engines
+
+    others = shipped_engines(engine, args.base_model,
+                             lambda folder: load_engine(draft_model=str(folder), target=engine.target)[0])
+    if not others:
+        return engine
+    choice = choose_head({DEFAULT_HEAD_KIND: engine, **others}, probe_ms)
+    say(choice.text())
+    return others.get(choice.name, engine)
+
+
 def main(args) -> int:
     try:
         # every check that needs no model comes first, and none of them imports torch: bad
@@ -92,6 +109,8 @@ def main(args) -> int:
         governor.apply(engine_probe(engine))
         say(f"threads: {governor.text()}")
         adapter = None
+        if wants_auto_tree(args) and args.draft_model in DEFAULTS:
+            engine = default_head(engine, args, say, governor.probe_ms())
         if wants_auto_tree(args):
             tree, adapter = auto_tree(engine, tree, say, lookup=args.lookup, probe_ms=governor.probe_ms())
         events = governor.guard(engine.generate(args.prompt, tree=tree, sampling=sampling,

@@ -3,9 +3,11 @@
 The profile is the target's forward cost curve T(n) (timed as ratios to T(1), so load
 cancels) and the head's acceptance on built-in prompts (``app.engine.autotune``), kept for
 the thread count chosen here, with the load it met. ``generate`` and the app read it, at this
-or any other thread count (scaled by their thread probe), and never re-measure on their own;
-run this again after changing the machine or the head (``--retune`` measures even if a profile
-is kept: the new one replaces the kept one unless it met more load, ``autotune.replaces``).
+or any other thread count (scaled by their thread probe), and never re-measure on their own.
+With the default head it calibrates every shipped head, so that ``generate`` can draft with
+the one predicted faster here (``app.engine.head_choice``). Run this again after changing the
+machine or the head (``--retune`` measures even if a profile is kept: the new one replaces the
+kept one unless it met more load, ``autotune.replaces``).
 """
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ import os
 import sys
 
 from app.args import add_model_arguments, thread_governor
+from app.engine.drafters.registry import DEFAULT_HEAD_KIND
+from app.engine.sources import DEFAULTS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -25,6 +29,7 @@ def main(args) -> int:
     # lazy: torch and transformers (~20 s on a loaded CPU) only for a run, not for `tune --help`
     from app.engine.autotune import choose_tree, cost_curve_text, under_load
     from app.engine.factory import load_engine
+    from app.engine.head_choice import choose_head, shipped_engines
     from app.engine.threads import ThreadGovernor, engine_probe
 
     try:
@@ -62,4 +67,12 @@ def main(args) -> int:
               "contention a forward over several tokens costs relatively more, so this profile favours small "
               "trees; generate adapts its tree while decoding either way. `python -m app tune --retune` on a "
               "quieter machine replaces it (a busier one never does).")
+    if args.draft_model in DEFAULTS:          # every shipped head, so that the default can be chosen by measurement
+        others = shipped_engines(engine, args.base_model,
+                                 lambda folder: load_engine(draft_model=str(folder), target=engine.target)[0])
+        for name, other in others.items():
+            _, theirs = choose_tree(other, refresh=args.retune, progress=say, probe_ms=probe_ms, derive=False)
+            print(f"[tune] {name}: {theirs.summary()}")
+        if others:
+            print(f"[tune] {choose_head({DEFAULT_HEAD_KIND: engine, **others}, probe_ms).text()}")
     return 0

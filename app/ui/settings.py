@@ -28,11 +28,13 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from app.engine import loading
 from app.engine.adapt import auto_lookup
 from app.engine.autotune import choose_tree
 from app.engine.config import GenerationLimits, TreeConfig
+from app.engine.drafters.registry import DEFAULT_HEAD_KIND
 from app.engine.factory import load_engine
+from app.engine.head_choice import choose_head, shipped_engines
+from app.engine.sources import DEFAULTS
 from app.engine.threads import ThreadGovernor
 from app.ui.engine_thread import EngineThread
 from app.ui.limits import PausedRuns, PublicLimits, trusted_proxies
@@ -188,10 +190,13 @@ def _load_context(config: ServerConfig, engine_thread: EngineThread, log) -> App
     target, head = engine.target, engine.head
     if missing:
         missing = f"No draft head loaded ({missing}). Vanilla decoding and recorded traces still work."
-    head_name = config.draft_model or "shipped head models/eagle-smollm2-135m-instruct"
+    heads = other_shipped_heads(engine, config) if head is not None else {}
+    if heads and config.auto_tree and config.draft_model in DEFAULTS:
+        engine, heads = _faster_head(engine, heads, log)       # the shipped head predicted faster here
+        head = engine.head
+    head_name = config.draft_model or f"shipped head models/{Path(head.folder).name if head is not None else ''}"
     note = (f"target {md_code(target.name)} on {target.device.type} ({str(target.dtype).replace('torch.', '')}); "
             + (f"draft head: {md_code(head_name)}" if head is not None else "no draft head"))
-    heads = other_shipped_heads(engine, config) if head is not None else {}
     if heads:
         note += f"; also for the comparison: {', '.join(md_code(n) for n in heads)}"
     tree, choice = TreeConfig(), None
@@ -207,21 +212,24 @@ def _load_context(config: ServerConfig, engine_thread: EngineThread, log) -> App
                       engine_thread=engine_thread, heads=heads)
 
 
+def _faster_head(engine, heads: dict, log) -> tuple:
+    """(engine, other heads) with the shipped head this machine's kept profile predicts faster
+    as the server's own (``head_choice``); the Medusa heads stay with the server's engine."""
+    choice = choose_head({DEFAULT_HEAD_KIND: engine, **heads})
+    log(f"[eagle-lens] {choice.text()}")
+    if choice.name == DEFAULT_HEAD_KIND:
+        return engine, heads
+    chosen = heads[choice.name]
+    chosen.medusa = engine.medusa
+    return chosen, {DEFAULT_HEAD_KIND: engine, **{n: e for n, e in heads.items() if n != choice.name}}
+
+
 def other_shipped_heads(engine, config: ServerConfig) -> dict:
     """{name: Engine} for every head shipped under models/ (``loading.SHIPPED_HEADS``) other than
     the one ``engine`` drafts with, when the target is the embedded model they were trained for."""
-    if config.base_model not in loading.EMBEDDED_ALIASES:
-        return {}
-    mine = Path(engine.head.folder).resolve()
-    heads = {}
-    for name, folder in loading.SHIPPED_HEADS.items():
-        if not (folder / "config.json").is_file() or folder.resolve() == mine:
-            continue
-        try:
-            heads[name] = load_engine(draft_model=str(folder), target=engine.target, limits=config.limits)[0]
-        except ValueError:       # made for another target (a server run on a test model)
-            continue
-    return heads
+    return shipped_engines(engine, config.base_model,
+                           lambda folder: load_engine(draft_model=str(folder), target=engine.target,
+                                                      limits=config.limits)[0])
 
 
 def auto_tree_defaults(engine, log=print) -> tuple[TreeConfig, str, dict]:
