@@ -162,3 +162,47 @@ def test_a_method_ahead_in_every_turn_is_not_called_within_noise_of_another():
     assert race_speedup(ahead, vanilla).low <= race_speedup(behind, vanilla).high      # the ranges do overlap
     assert "EAGLE-2 (dynamic tree) and prompt lookup" not in table
     assert "prompt lookup and Medusa (prompt lookup ahead in 1 of 2 turns)" in table
+
+
+def _raced_session(eagle_ms: list[float], vanilla_ms: list[float], tau: int = 3):
+    """A finished greedy run of ``tau`` tokens a step beside its vanilla race, with these step times."""
+    from app.ui.session import Session, VanillaRun
+
+    eagle, vanilla = timed([(tau, ms) for ms in eagle_ms]), timed([(1, ms) for ms in vanilla_ms])
+    n = tau * len(eagle_ms)
+    mine = RunSummary(method="dynamic", new_tokens=n, seconds=1.0, tokens_per_s=10.0, target_forwards=len(eagle_ms),
+                      mean_accepted=float(tau), accepted_by_depth=[], token_ids=[1] * n, text="")
+    theirs = RunSummary(method="vanilla", new_tokens=len(vanilla_ms), seconds=1.0, tokens_per_s=10.0,
+                        target_forwards=len(vanilla_ms), mean_accepted=1.0, accepted_by_depth=[],
+                        token_ids=[1] * len(vanilla_ms), text="")
+    return Session(settings={"temperature": 0.0}, steps=eagle, summary=mine,
+                   race_vanilla=VanillaRun(key=(), steps=vanilla, summary=theirs))
+
+
+def test_a_race_drowned_by_load_says_so_and_counts_forwards_instead():
+    """Seen on a busy machine: "Speedup 0.68× (0.27–2.06 over 4 chunks)", which a visitor reads
+    as "EAGLE loses". When the chunks fall on both sides of 1× and spread wider than the ratio
+    is from 1×, the page says the clock is drowned and gives τ and the forwards saved."""
+    from app.ui.handlers.speedup import speedup_headline, speedup_text
+
+    # 48 tokens, 3 a step: EAGLE's steps hit by a neighbour in the first half, vanilla's in the second
+    session = _raced_session([40.0] * 8 + [6.0] * 8, [4.0] * 24 + [30.0] * 24)
+    race = race_speedup(session.steps, session.race_vanilla.steps, 16)
+    assert race.low < 1.0 < race.high and race.drowned
+    head, text = speedup_headline(session), speedup_text(session)
+    assert "drowned by the machine's load" in head and "67% fewer" in head and race.text() not in head
+    assert text.startswith("### Speedup drowned by the machine's load")
+    assert "48 tokens in 16 target forwards" in text and "67% fewer target forwards" in text
+
+
+def test_a_clear_race_keeps_its_ratio():
+    from app.ui.handlers.speedup import speedup_headline, speedup_text
+
+    session = _raced_session([12.0] * 16, [10.0] * 48)                 # 2.5x, every chunk alike
+    race = race_speedup(session.steps, session.race_vanilla.steps, 16)
+    assert not race.drowned and race.total == pytest.approx(2.5)
+    assert race.text() in speedup_headline(session) and "drowned" not in speedup_headline(session)
+    assert speedup_text(session).startswith(f"### Speedup {race.text()}")
+    # a noisy race that is still clearly on one side of 1x is not drowned
+    noisy = _raced_session([12.0, 30.0] * 8, [10.0] * 48)
+    assert not race_speedup(noisy.steps, noisy.race_vanilla.steps, 16).drowned

@@ -50,6 +50,15 @@ class RaceSpeedup:
     def high(self) -> float:
         return max(self.chunks) if self.chunks else self.total
 
+    @property
+    def drowned(self) -> bool:
+        """Whether the neighbours drowned the race: its chunks fall on both sides of 1× and
+        spread wider than the overall ratio's distance from 1×, so the wall clock cannot tell
+        which method is faster (a busy machine slowed some chunks of one side and not the
+        other). The count of forwards, which load cannot change, still can."""
+        return (len(self.chunks) >= 2 and self.low < 1.0 < self.high
+                and self.high - self.low > abs(self.total - 1.0))
+
     def text(self) -> str:
         """"1.31× (1.18–1.42 over 6 chunks of 16 tokens)"; only the total under two chunks."""
         if len(self.chunks) < 2:

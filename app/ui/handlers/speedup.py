@@ -69,9 +69,34 @@ def speedup_headline(session: Session) -> str:
     race = session_race(session)
     if s.method == "vanilla":
         return "vanilla: the baseline (1.00×)"
+    if race is not None and race.drowned:
+        return (f"Speedup **drowned by the machine's load** ({race.low:.2f}–{race.high:.2f}× over "
+                f"{len(race.chunks)} chunks); counted in forwards, which load cannot distort: "
+                f"{term('τ')} = {s.mean_accepted:.2f}, {forwards_saved(s):.0%} fewer {term('target forward')}s "
+                "(details under the answer)")
     speed = f"**{race.text()}** vanilla" if race is not None else "no vanilla raced"
     return (f"Speedup {speed}, {term('τ')} = {s.mean_accepted:.2f} tokens per {term('target forward')} "
             "(details under the answer)")
+
+
+def forwards_saved(summary) -> float:
+    """The share of target forwards EAGLE did not need: vanilla makes one token per forward,
+    so it needs as many forwards as there are tokens (``1 - 1/τ``; the same on any machine)."""
+    return 1.0 - summary.target_forwards / summary.new_tokens if summary.new_tokens else 0.0
+
+
+def drowned_text(race: RaceSpeedup, summary) -> str:
+    """The race's words when the neighbours drowned it (``RaceSpeedup.drowned``): the wall
+    clock's spread, and the step count, which load cannot distort."""
+    return (f"### Speedup drowned by the machine's load\n"
+            f"The wall-clock race ran {race.low:.2f}–{race.high:.2f}× over {len(race.chunks)} chunks "
+            f"({race.total:.2f}× overall): other work on this machine slowed some chunks of one side and not "
+            "the other, by more than the method changes, so the clock cannot say which is faster right now. "
+            f"**Counted in forwards**, which load cannot distort: {summary.new_tokens} tokens in "
+            f"{summary.target_forwards} target forwards (τ = {summary.mean_accepted:.2f}) where vanilla needs "
+            f"{summary.new_tokens}: **{forwards_saved(summary):.0%} fewer target forwards**. What that is worth "
+            "in time is τ over a step's cost in vanilla steps (the **Why** line below); run again when the machine "
+            "is quieter to see it on the clock.")
 
 
 def speedup_text(session: Session) -> str:
@@ -87,13 +112,14 @@ def speedup_text(session: Session) -> str:
         return head + " — no vanilla run to compare with."
     race = session_race(session)
     ratio_text = race.text() if race is not None else "n/a"
+    title = drowned_text(race, s) if race is not None and race.drowned else f"### Speedup {ratio_text}"
     why = speedup_decomposition(session.steps, v.steps)
     load = getattr(session, "load", None) or [None, None]
     threads = getattr(session, "threads", "")
     conditions = (f" Machine load average {load[0]:.2f} → {load[1]:.2f} during the run"
                   + (f", on {threads}" if threads else "")
                   + f"; vanilla ran alongside, in chunks of {RACE_CHUNK_TOKENS} tokens." if None not in load else "")
-    return (f"### Speedup {ratio_text}\n{head}; vanilla {v.summary.tokens_per_s:.1f} tokens/s "
+    return (f"{title}\n{head}; vanilla {v.summary.tokens_per_s:.1f} tokens/s "
             f"({v.summary.new_tokens} tokens).{conditions}\n\n" + (f"{why}\n\n" if why else "") + _identical_note(session))
 
 
