@@ -54,6 +54,7 @@ def test_bench_cli_end_to_end(tiny_folders, tmp_path, capsys, monkeypatch):
     md = (out / "results.md").read_text()
     assert md.strip() == stdout.strip()
     assert "× hf-fp32" in md
+    assert "- llama.cpp: not run (the target is not the embedded model" in md     # the optional peer says why not
     # the tables name the target forward they were measured on (which kernels, e.g. AMX tiles)
     assert doc["meta"]["forward"] and f"target forward {doc['meta']['forward']}," in md
     # ... and the host's memory phase beside the load average: a copy's GB/s at start and end

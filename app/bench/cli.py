@@ -167,6 +167,27 @@ def busy_processes(n: int):
             proc.wait()
 
 
+def _llama_cpp_peer(args, threads: int) -> dict:
+    """{"result": llama-bench's numbers} for the embedded target's GGUF where a llama-bench is
+    found (``app.bench.llama_cpp``), else {"why_not": ...}: optional, never an error."""
+    from app.bench.llama_cpp import find_llama_bench, llama_bench
+    from app.engine.loading import EMBEDDED_ALIASES, embedded_gguf_path
+
+    if args.base_model not in EMBEDDED_ALIASES:
+        return {"why_not": "the target is not the embedded model, whose GGUF file it decodes"}
+    binary = find_llama_bench()
+    if binary is None:
+        return {"why_not": "no llama-bench found ($LLAMA_CPP_BIN or the PATH; optional)"}
+    gguf = embedded_gguf_path()
+    if gguf is None:
+        return {"why_not": "the embedded model's GGUF file is not installed"}
+    print(f"[bench] llama.cpp peer: {binary} on {gguf.name}, {threads} thread(s)", file=sys.stderr, flush=True)
+    try:
+        return {"result": llama_bench(binary, gguf, threads, args.max_new_tokens)}
+    except RuntimeError as exc:
+        return {"why_not": str(exc)}
+
+
 def run_benchmark(engines, args, suites, specs, sampling) -> int:
     """``engines``: None -> the engine of every method without @HEAD, head name -> the engine
     (same target) of the methods with it."""
@@ -244,6 +265,8 @@ def run_benchmark(engines, args, suites, specs, sampling) -> int:
             bar.update(1)
     bar.close()
 
+    llama_cpp = _llama_cpp_peer(args, torch.get_num_threads())
+
     head = None
     if any(s.uses_head for s in specs):
         head = args.draft_model or f"shipped ({DEFAULT_HEAD_DIR.relative_to(DEFAULT_HEAD_DIR.parents[1])})"
@@ -264,7 +287,7 @@ def run_benchmark(engines, args, suites, specs, sampling) -> int:
         "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "seed": args.seed,
         "suites": suites, "limit": args.limit, "methods": [s.label for s in specs], "auto_tree": auto_text,
         "auto_tree_report": auto_report,
-        "torch": torch.__version__,
+        "torch": torch.__version__, "llama_cpp": llama_cpp,
     }
     summary = report.aggregate(records, specs, greedy=sampling.greedy)
     text = report.markdown_report(summary, meta)

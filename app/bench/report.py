@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+from app.bench.llama_cpp import peer_line
 from app.bench.runners import MethodSpec, RunRecord
 from app.engine.autotune import cost_curve_text
 from app.engine.config import TreeShape
@@ -165,6 +166,8 @@ def markdown_report(summary: dict, meta: dict) -> str:
                  f"methods interleaved prompt by prompt after a warm-up ({meta['started']}, {meta['wall_s']:.0f} s)")
     if meta.get("auto_tree"):
         lines.append(f"- {meta['auto_tree']}")
+    if meta.get("llama_cpp"):
+        lines.append(peer_line(meta["llama_cpp"].get("result"), meta["llama_cpp"].get("why_not", "")))
     report = meta.get("auto_tree_report")
     if report:
         curve = report["cost_curve"]
