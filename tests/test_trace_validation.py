@@ -40,6 +40,17 @@ def test_the_good_trace_loads(good):
     assert trace.steps and trace.vanilla_steps and trace.summary.token_ids
 
 
+def test_the_estimate_before_parsing_is_the_parsed_traces(good):
+    """A load is refused for memory on ``estimate_bytes`` before the parse: for a valid trace
+    it is exactly what the parsed records count (EAGLE's and vanilla's); JSON it cannot read
+    gives None, and the parse then says why."""
+    data = json.dumps(good)
+    assert traces.estimate_bytes(data) == traces.trace_bytes(traces.parse_trace(data)) > 0
+    no_race = {**good, "vanilla": None}
+    assert traces.estimate_bytes(json.dumps(no_race)) == traces.trace_bytes(traces.parse_trace(json.dumps(no_race)))
+    assert traces.estimate_bytes('{"records": [NaN]}') is None and traces.estimate_bytes("[1, 2") is None
+
+
 @pytest.mark.parametrize("where", ["step text", "node text", "prompt", "model"])
 def test_a_lone_surrogate_is_refused(good, where):
     t = copy.deepcopy(good)

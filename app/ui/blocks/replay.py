@@ -5,7 +5,7 @@ from __future__ import annotations
 import gradio as gr
 
 from app.ui import handlers, limits, traces
-from app.ui.blocks.api import PLAY_VIEWS, REPLAY_VIEWS, RUN_VIEWS, _once, _outputs, page_errors, page_defaults, precheck
+from app.ui.blocks.api import PLAY_VIEWS, REPLAY_VIEWS, RUN_VIEWS, _once, _outputs, page_errors, page_defaults
 from app.ui.blocks.layout import PLAY_SPEEDS, Components, control_value
 from app.ui.handlers import RunView
 from app.ui.requests import SETTING_NAMES, TREE_KNOBS, preset_of
@@ -62,13 +62,21 @@ def wire_replay_and_traces(demo: gr.Blocks, c: Components, ctx: AppContext, demo
                 raise ValueError(f"this trace cannot be shown ({type(exc).__name__})") from None
         return _outputs(view, RUN_VIEWS) + restore_outputs(view, ctx, tree)
 
+    def admission(request: gr.Request):
+        """Its records must fit this address's share and the server's budget (limits)."""
+        return lambda nbytes: limits.admit_records(demo.server_app, getattr(request, "session_hash", None), nbytes)
+
     def load_trace(session: Session, path, request: gr.Request):
         def show():
-            trace = handlers.read_trace_file(ctx, path)
-            # its records must fit this address's share and the server's budget (limits)
-            limits.admit_records(demo.server_app, getattr(request, "session_hash", None), traces.trace_bytes(trace))
+            admit = admission(request)
+            trace = handlers.read_trace_file(ctx, path, admit)      # refused before parsing where it cannot fit
+            admit(traces.trace_bytes(trace))
             return handlers.show_trace(session, trace, "uploaded trace")
         return loaded(session, show)
+
+    def check_upload(path, request: gr.Request):
+        with page_errors():
+            handlers.read_trace_file(ctx, path, admission(request))
 
     def show_demo(session: Session, name, tree: bool) -> tuple:
         def show():
@@ -88,8 +96,7 @@ def wire_replay_and_traces(demo: gr.Blocks, c: Components, ctx: AppContext, demo
     slider = c.outputs[RunView.SLIDER]
     slider.input(replay, [c.session, slider], c.views(REPLAY_VIEWS), api_name="replay",
                  trigger_mode="always_last", preprocess=False)
-    c.upload.upload(precheck(lambda path: handlers.read_trace_file(ctx, path)), [c.upload], None,
-                    api_visibility="private").success(load_trace, [c.session, c.upload], load_outputs,
+    c.upload.upload(check_upload, [c.upload], None, api_visibility="private").success(load_trace, [c.session, c.upload], load_outputs,
                                                       api_name="load_trace")
     c.demo_btn.click(load_demo, [c.session, c.demo_choice], load_outputs, api_name="load_demo", preprocess=False)
     demo.load(first_demo, [c.session], load_outputs, api_visibility="private")

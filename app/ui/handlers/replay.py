@@ -131,16 +131,22 @@ def show_trace(session: Session, trace: traces.Trace, name: str, live: dict | No
     return {**view, "settings": dict(trace.settings), "race_on": trace.vanilla_steps is not None}
 
 
-def read_trace_file(ctx: AppContext, path) -> traces.Trace:
+def read_trace_file(ctx: AppContext, path, admit=None) -> traces.Trace:
     """An uploaded trace, checked and parsed: Gradio saved it to a temporary file; its size is
-    checked before it is read."""
+    checked before it is read. ``admit(nbytes)`` (``limits.admit_records``) may refuse it on
+    the memory its records would hold (``traces.estimate_bytes``) before it is parsed: a load
+    past the bounds costs a cheap read, not a parse."""
     if not path:
         raise ValueError("Choose a trace file (.json) to load.")
     size = os.path.getsize(path)
     if size > ctx.config.trace_max_bytes:
         raise ValueError(f"trace is {size} bytes; the limit is {ctx.config.trace_max_bytes} bytes")
     with open(path, "rb") as f:
-        return traces.parse_trace(f.read(), ctx.config.trace_max_bytes)
+        data = f.read()
+    estimate = traces.estimate_bytes(data) if admit is not None else None
+    if estimate is not None:
+        admit(estimate)
+    return traces.parse_trace(data, ctx.config.trace_max_bytes)
 
 
 def load_trace_file(ctx: AppContext, session: Session, path) -> dict:

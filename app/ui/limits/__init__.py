@@ -36,7 +36,7 @@ One module per mechanism; every name stays importable from ``app.ui.limits``:
 ``clients``        who is asking: ``CLIENT``, ``client_of``, ``trusted_proxies`` (proxies),
                    ``RateLimit``, ``Refused``
 ``sessions``       the sessions' memory budget: ``BoundedStateHolder``, ``session_bytes``,
-                   ``admit_records``, ``release_memory``
+                   ``admit_records``, ``release_memory``, ``step_bytes``
 ``paused``         ``PausedRuns``, ``kv_bytes``
 ``queue_share``    ``bound_queue_joins``
 ``body``           the request body cap
@@ -58,7 +58,8 @@ from app.ui.limits.middleware import LimitsMiddleware  # noqa: F401
 from app.ui.limits.paused import PausedRuns, kv_bytes  # noqa: F401
 from app.ui.limits.queue_share import bound_queue_joins  # noqa: F401
 from app.ui.limits.sessions import (_sessions_in, _state_holder_class, admit_records,  # noqa: F401
-                                    install_state_holder, records_bytes, release_memory, session_bytes)
+                                    install_state_holder, records_bytes, release_memory, session_bytes,
+                                    step_bytes)
 from app.ui.limits.streams import StreamCaps, _is_stream  # noqa: F401
 from app.ui.limits.uploads import (TRACE_PREFIX, UPLOAD_FOLDER, UploadLimits, _inside, disk_usage,  # noqa: F401
                                    gradio_temp_folder, make_room, own_upload_folder, upload_folder)

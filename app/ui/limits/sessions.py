@@ -29,10 +29,14 @@ def session_bytes(session) -> int:
 
 def records_bytes(steps) -> int:
     """``session_bytes``' estimate for one run's step records."""
-    total = 0
-    for s in steps:
-        total += 600 + len(s.text) + (450 * len(s.tree) + sum(map(len, s.tree.texts)) if s.tree else 0)
-    return total
+    return sum(step_bytes(len(s.text), len(s.tree) if s.tree else 0, sum(map(len, s.tree.texts)) if s.tree else 0)
+               for s in steps)
+
+
+def step_bytes(text_chars: int, nodes: int, node_chars: int) -> int:
+    """The estimate for one step record: its text's characters, its tree's nodes and their
+    texts' characters (``traces.estimate_bytes`` counts these in a trace before parsing it)."""
+    return 600 + text_chars + 450 * nodes + node_chars
 
 
 def _sessions_in(state) -> list:
