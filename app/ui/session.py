@@ -1,6 +1,7 @@
 """One visitor's state. It lives in a ``gr.State`` (per browser session), never in a module
-global, so visitors cannot see each other's runs. Gradio drops it when the tab closes or after
-``ServerConfig.session_ttl_s`` idle seconds; ``close`` then ends a paused step-mode run."""
+global, so visitors cannot see each other's runs. The server's session store
+(``limits.BoundedStateHolder``) drops it after ``ServerConfig.session_ttl_s`` idle seconds, or
+``PublicLimits.idle_s`` once its tab closed; ``close`` then ends a paused step-mode run."""
 from __future__ import annotations
 
 import time

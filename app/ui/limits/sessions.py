@@ -2,7 +2,9 @@
 besides the count (``BoundedStateHolder``), a cap on sessions per client, a rate limit on each
 client's new sessions, and eviction of *idle* sessions only (least recently used first): when
 every session is active a new one is refused, none is displaced (and a client over its own cap
-can displace only its own idle sessions). ``session_bytes`` estimates what a session holds."""
+can displace only its own idle sessions). A session unused for its state's time to live ends
+(sooner once its tab closed), and the memory it held goes back to the system. ``session_bytes``
+estimates what a session holds."""
 from __future__ import annotations
 
 import contextlib
@@ -61,7 +63,10 @@ def _state_holder_class():
             self.owner: dict[str, str | None] = {}
             self.refused = 0
             self.evicted = 0
+            self.expired = 0
+            self.ttl_s = None
             self.released = True
+            self.releases = 0
             self._bytes_checked = 0.0
             if old is not None:       # keep what the server already holds
                 self.session_data, self.time_last_used = old.session_data, old.time_last_used
@@ -69,6 +74,29 @@ def _state_holder_class():
         def set_blocks(self, blocks):
             super().set_blocks(blocks)
             self.capacity = self.limits.sessions_max
+            from gradio.components import State
+
+            self.ttl_s = min((b.time_to_live for b in blocks.blocks.values()
+                              if isinstance(b, State) and b.time_to_live), default=None)
+
+        def delete_all_expired_state(self):
+            """Gradio's expiry (its own task calls this every second), then ours: a session
+            unused for ``ttl_s`` (the visitor's ``gr.State``'s time to live), or for
+            ``limits.idle_s`` once its page closed, ends like an evicted one. Gradio counts a
+            State's time to live from when an event last *returned* it, and the page's
+            ``Session`` is only ever changed in place, so Gradio alone never ended a session:
+            its records stayed until the server was full."""
+            super().delete_all_expired_state()
+            if self.ttl_s is None:
+                return
+            import datetime
+
+            now = datetime.datetime.now()
+            with self.lock:
+                for sid, state in list(self.session_data.items()):
+                    ttl = min(self.ttl_s, self.limits.idle_s) if getattr(state, "is_closed", False) else self.ttl_s
+                    if sid in self.time_last_used and self._idle(sid, now, ttl):
+                        self._evict(sid, expired=True)
 
         def __getitem__(self, session_id: str):
             if session_id not in self.session_data:
@@ -86,10 +114,13 @@ def _state_holder_class():
 
         # -- the rules
 
-        def _idle(self, sid: str, now) -> bool:
+        def _idle(self, sid: str, now, idle_s: float | None = None) -> bool:
+            """Session ``sid`` runs no handler and was last used over ``idle_s`` seconds ago
+            (default ``limits.idle_s``)."""
             last = self.time_last_used.get(sid)
             busy = any(s.busy for s in _sessions_in(self.session_data.get(sid)))
-            return not busy and (last is None or (now - last).total_seconds() > self.limits.idle_s)
+            idle_s = self.limits.idle_s if idle_s is None else idle_s
+            return not busy and (last is None or (now - last).total_seconds() > idle_s)
 
         def _admit(self, sid: str, client: str | None) -> None:
             import datetime
@@ -177,9 +208,13 @@ def _state_holder_class():
                         self._evict(sid)
                         total -= sizes[sid]
 
-        def _evict(self, sid: str) -> None:
-            """Drop a session (its delete callbacks run: a paused run is closed). Lock held."""
-            self.evicted += 1
+        def _evict(self, sid: str, expired: bool = False) -> None:
+            """Drop a session (its delete callbacks run: a paused run is closed); counted as
+            ``expired`` or ``evicted``. Lock held."""
+            if expired:
+                self.expired += 1
+            else:
+                self.evicted += 1
             state = self.session_data.pop(sid, None)
             self.time_last_used.pop(sid, None)
             self.owner.pop(sid, None)

@@ -40,10 +40,12 @@ def app_kwargs(config, trace_dirs=()) -> dict:
 
 
 async def _release_after_evictions(holder, limits: PublicLimits) -> None:
-    """After sessions were evicted, hand their memory back (``release_memory``, off the loop)."""
+    """After sessions were evicted or expired, hand their memory back (``release_memory``, off
+    the loop); ``holder.releases`` counts the releases done."""
     while True:
         await asyncio.sleep(max(limits.reap_every_s, 1.0))
         if not holder.released:
             holder.released = True
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(release_memory)
+            holder.releases += 1
