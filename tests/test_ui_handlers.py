@@ -708,7 +708,10 @@ def test_speedup_is_explained_by_its_two_factors(ctx):
     assert tau == pytest.approx(sum(len(s.new_tokens) for s in steps) / len(steps), abs=0.006)
     assert ms_e == pytest.approx(sum(s.step_ms for s in steps) / len(steps), abs=0.06)
     assert product == pytest.approx(speedup(steps, session.race_vanilla.steps), abs=0.006)
-    assert text.startswith(f"### Speedup {speedup(steps, session.race_vanilla.steps):.2f}×")
+    # the title is the ratio, or, where a busy machine drowned the race, says so (test_numbers.py)
+    drowned = handlers.session_race(session).drowned
+    assert text.startswith("### Speedup drowned by the machine's load" if drowned
+                           else f"### Speedup {speedup(steps, session.race_vanilla.steps):.2f}×"), text
     assert ("so it wins" in text) == (product > 1.0)
     assert handlers.speedup_decomposition([], session.race_vanilla.steps) == ""
 
