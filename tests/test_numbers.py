@@ -170,8 +170,9 @@ def _raced_session(eagle_ms: list[float], vanilla_ms: list[float], tau: int = 3)
 
     eagle, vanilla = timed([(tau, ms) for ms in eagle_ms]), timed([(1, ms) for ms in vanilla_ms])
     n = tau * len(eagle_ms)
-    mine = RunSummary(method="dynamic", new_tokens=n, seconds=1.0, tokens_per_s=10.0, target_forwards=len(eagle_ms),
-                      mean_accepted=float(tau), accepted_by_depth=[], token_ids=[1] * n, text="")
+    mine = RunSummary(method="dynamic", new_tokens=n + 1, seconds=1.0, tokens_per_s=10.0,   # + the prefill's token
+                      target_forwards=len(eagle_ms), mean_accepted=float(tau), accepted_by_depth=[],
+                      token_ids=[1] * (n + 1), text="")
     theirs = RunSummary(method="vanilla", new_tokens=len(vanilla_ms), seconds=1.0, tokens_per_s=10.0,
                         target_forwards=len(vanilla_ms), mean_accepted=1.0, accepted_by_depth=[],
                         token_ids=[1] * len(vanilla_ms), text="")
@@ -192,7 +193,8 @@ def test_a_race_drowned_by_load_says_so_and_counts_forwards_instead():
     head, text = speedup_headline(session), speedup_text(session)
     assert "drowned by the machine's load" in head and "67% fewer" in head and race.text() not in head
     assert text.startswith("### Speedup drowned by the machine's load")
-    assert "48 tokens in 16 target forwards" in text and "67% fewer target forwards" in text
+    assert "first token, 48 tokens in 16 target forwards" in text and "vanilla needs 48" in text
+    assert "67% fewer target forwards" in text
 
 
 def test_a_clear_race_keeps_its_ratio():

@@ -81,20 +81,21 @@ def speedup_headline(session: Session) -> str:
 
 def forwards_saved(summary) -> float:
     """The share of target forwards EAGLE did not need: vanilla makes one token per forward,
-    so it needs as many forwards as there are tokens (``1 - 1/τ``; the same on any machine)."""
-    return 1.0 - summary.target_forwards / summary.new_tokens if summary.new_tokens else 0.0
+    EAGLE τ, so ``1 - 1/τ`` (over the decoding steps; the prefill's token is the same for both)."""
+    return 1.0 - 1.0 / summary.mean_accepted if summary.mean_accepted > 0 else 0.0
 
 
 def drowned_text(race: RaceSpeedup, summary) -> str:
     """The race's words when the neighbours drowned it (``RaceSpeedup.drowned``): the wall
     clock's spread, and the step count, which load cannot distort."""
+    decoded = round(summary.mean_accepted * summary.target_forwards)    # the decoding steps' tokens
     return (f"### Speedup drowned by the machine's load\n"
             f"The wall-clock race ran {race.low:.2f}–{race.high:.2f}× over {len(race.chunks)} chunks "
             f"({race.total:.2f}× overall): other work on this machine slowed some chunks of one side and not "
             "the other, by more than the method changes, so the clock cannot say which is faster right now. "
-            f"**Counted in forwards**, which load cannot distort: {summary.new_tokens} tokens in "
-            f"{summary.target_forwards} target forwards (τ = {summary.mean_accepted:.2f}) where vanilla needs "
-            f"{summary.new_tokens}: **{forwards_saved(summary):.0%} fewer target forwards**. What that is worth "
+            f"**Counted in forwards**, which load cannot distort: after the prompt's first token, "
+            f"{decoded} tokens in {summary.target_forwards} target forwards (τ = {summary.mean_accepted:.2f}) "
+            f"where vanilla needs {decoded}: **{forwards_saved(summary):.0%} fewer target forwards**. What that is worth "
             "in time is τ over a step's cost in vanilla steps (the **Why** line below); run again when the machine "
             "is quieter to see it on the clock.")
 
