@@ -45,6 +45,7 @@ from app.train.evaluate import parse_indices, run_eval
 from app.train.medusa import run_medusa_training
 from app.train.options import STAGES, add_arguments, check, complete  # noqa: F401  (add_arguments: the CLI's entry)
 from app.train.prompts import build_prompts, load_prompts, save_prompts
+from app.train.heap import kept_heap
 from app.train.stage import run_training
 from app.train.token_store import IdShard, export_ids, features_from_ids, id_path, write_checksums
 
@@ -92,12 +93,10 @@ def main(args: argparse.Namespace) -> int:
         elif stage == "ids":
             new = export_ids(work / "features", ids_dir(args, work))
             log(f"ids: wrote {len(new)} id shards to {ids_dir(args, work)}")
-        elif stage == "train" and args.arch == "eagle3":
-            run_eagle3_training(args, work, out)
-        elif stage == "train" and args.arch == "medusa":
-            run_medusa_training(args, work, out)
         elif stage == "train":
-            run_training(args, work, out)
+            with kept_heap():   # a step's large buffers stay mapped from one step to the next
+                {"eagle3": run_eagle3_training, "medusa": run_medusa_training}.get(
+                    args.arch, run_training)(args, work, out)
         elif stage == "eval" and args.arch == "medusa":
             print("eval: stage eval measures EAGLE heads; for Medusa heads see training.json (held-out top-1 "
                   "by head) and `python -m app bench --methods vanilla,medusa`", file=sys.stderr)

@@ -52,6 +52,7 @@ from app.train.draft_vocab import describe
 from app.train.stage import loss_vocabulary, train_config, training_inputs
 from app.train.loss import SubsetLMHead
 from app.train.trainer import FeatureDataset, train
+from app.train.ttt_attention import structured
 
 # default unroll: the reference trains 7 steps; each step costs one more head forward and
 # LM-head matmul, so on a CPU we default to 3 (depth 3 covers most accepted length)
@@ -118,7 +119,8 @@ def ttt_forward(head, next_embeds: torch.Tensor, layer_features: torch.Tensor, s
     hidden = layer_features
     for s in range(steps):
         mask = ttt_step_mask(s, L, next_embeds.device)[None, None].expand(B, 1, L, (s + 1) * L)
-        hidden = head(_ahead(next_embeds, s), hidden, (j + s).expand(B, L), mask, cache)   # (B, L, H)
+        with structured(head):   # the same attention as under ``mask``, from its structure
+            hidden = head(_ahead(next_embeds, s), hidden, (j + s).expand(B, L), mask, cache)   # (B, L, H)
         yield hidden
 
 
@@ -143,16 +145,17 @@ def eagle3_loss(head, lm_head, embedding, batch: dict[str, torch.Tensor], cfg: E
     read = (j + 1 < batch["lengths"][:, None]) & (j >= batch["prompt_lens"][:, None] - 1)   # (B, L)
     slot = torch.full((B, L), -1, dtype=torch.long, device=device)        # row (b, j) -> its row in p
     slot[read] = torch.arange(int(read.sum()), device=device)
+    # bf16 autocast where bf16 is native: the matmuls (decoder layer, fc, the Vd-row LM heads
+    # of the head and of the target's p) are nearly all of a step, and VDPBF16PS does twice
+    # the multiply-adds of fp32 FMA (only those: softmax, the loss and the stats run in fp32)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16)
     with torch.no_grad():
-        p_read = torch.softmax(lm_head(f[:, 1:][read]).float(), -1)       # (R, Vd) p_d of x[j+2]
+        with autocast:
+            target_logits = lm_head(f[:, 1:][read])                      # (R, Vd)
+        p_read = torch.softmax(target_logits.float(), -1)                # (R, Vd) p_d of x[j+2]
         p_top = p_read.argmax(-1)                                         # (R,) the target's top token
     total = torch.zeros((), device=device)
     stats: dict[str, float] = {}
-    # bf16 autocast where bf16 is native: the matmuls (decoder layer, fc, the Vd-row LM head)
-    # are nearly all of a step, and VDPBF16PS does twice the multiply-adds of fp32 FMA
-    # (only those: the loss, its targets and the stats run outside it, so the head's forward
-    # and LM head are the only ops whose precision the flag changes)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16)
     with autocast:
         steps = ttt_forward(head, embedding(tokens[:, 1:]), layers[:, :-1], cfg.ttt_steps)
     for s in range(cfg.ttt_steps):
