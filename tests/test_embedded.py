@@ -63,3 +63,28 @@ def test_cli_jsonl_dynamic_and_vanilla_print_the_same_tokens(embedded_random_hea
             assert steps[1]["tree_config"] == {"method": "dynamic", "depth": 5, "top_k": 8, "total_tokens": 16}
         outs[method] = summary["token_ids"]
     assert outs["dynamic"] == outs["vanilla"] and len(outs["vanilla"]) > 3
+
+
+def test_processes_that_start_together_convert_the_embedded_model_once(tmp_path, monkeypatch):
+    """A second process that finds the conversion under way waits for it and takes its folder,
+    instead of converting beside it (two writers of one folder: one of them crashed)."""
+    import threading
+
+    from filelock import FileLock
+
+    from app.engine import loading
+
+    monkeypatch.setenv("EAGLE_LENS_CACHE", str(tmp_path))
+    target = tmp_path / EMBEDDED_NAME
+    result = {}
+    with FileLock(str(target.with_name(target.name + ".lock"))):        # the first process, converting
+        waiter = threading.Thread(target=lambda: result.setdefault("dir", loading.embedded_model_dir(progress=False)))
+        waiter.start()
+        waiter.join(timeout=3)
+        assert waiter.is_alive(), "converted beside the process that holds the lock"
+        target.mkdir()                                                   # ... which then finishes
+        (target / "config.json").write_text("{}")
+        (target / "model.safetensors").write_bytes(b"finished elsewhere")
+    waiter.join(timeout=60)
+    assert result["dir"] == str(target)
+    assert (target / "model.safetensors").read_bytes() == b"finished elsewhere"   # taken, not redone

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from filelock import FileLock
 from huggingface_hub import snapshot_download
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -94,13 +95,27 @@ def embedded_model_dir(progress: bool = True) -> str:
     """A folder holding the embedded model as safetensors, converting the GGUF on first use.
 
     Returns the hub id instead when the package is not installed (a Space with network).
+    Processes that start together on a fresh machine (two data workers, a server and a CLI)
+    convert it once: the first holds ``<target>.lock`` and the others wait for its folder.
     """
     target = cache_dir() / EMBEDDED_NAME
-    if (target / "model.safetensors").is_file() and (target / "config.json").is_file():
+    if _converted(target):
         return str(target)
     gguf = embedded_gguf_path()
     if gguf is None:
         return EMBEDDED_HUB_ID
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target.with_name(target.name + ".lock"))):
+        if _converted(target):        # another process finished it while this one waited
+            return str(target)
+        return _convert_gguf(gguf, target, progress)
+
+
+def _converted(target: Path) -> bool:
+    return (target / "model.safetensors").is_file() and (target / "config.json").is_file()
+
+
+def _convert_gguf(gguf: Path, target: Path, progress: bool) -> str:
     if progress:
         print(f"[eagle-lens] converting the embedded {gguf.name} to safetensors in {target} (once, ~20 s)",
               flush=True)
