@@ -4,7 +4,9 @@ attention and allocator settings that the trainer's speed depends on, interleave
 Each variant runs in its own process (the allocator's state is per process), one after the
 other, ``--rounds`` times: ``dense`` is SDPA under the dense (L, (s+1)·L) TTT mask,
 ``structured`` the training's own ``app.train.ttt_attention``; ``+heap`` runs inside
-``app.train.heap.kept_heap``. Prints one JSON line per measurement and a median table.
+``app.train.heap.kept_heap``; ``+fused`` computes the per-depth loss with
+``app.train.fused_ce`` compiled by inductor (the trainer's default; its one compile is in
+the untimed first step). Prints one JSON line per measurement and a median table.
 
     python scripts/eagle3_step_time.py --work-dir W --shards shard_00001,shard_00003 --threads 1
 """
@@ -22,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from anywhere: the repository root
 
-VARIANTS = ["dense", "structured+heap", "structured", "dense+heap"]
+VARIANTS = ["dense", "structured+heap", "structured", "dense+heap", "structured+heap+fused"]
 
 
 def one(args) -> dict:
@@ -47,7 +49,7 @@ def one(args) -> dict:
     batches = data.batches(0, 0, args.batch_tokens)
     lm = SubsetLMHead(target.model.lm_head, head.draft_token_ids())
     emb = target.model.get_input_embeddings()
-    cfg = Eagle3LossConfig(ttt_steps=args.ttt_steps, bf16=bf16_is_native("cpu"))
+    cfg = Eagle3LossConfig(ttt_steps=args.ttt_steps, bf16=bf16_is_native("cpu"), fused="fused" in args.variant)
     opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=1e-5)
     times = []
     with (kept_heap() if "heap" in args.variant else contextlib.nullcontext()):

@@ -74,7 +74,8 @@ def _fresh(target, data, seed=0):
     return new_head(target, torch.arange(3, 256), data.layers)
 
 
-def test_each_step_is_scored_against_the_targets_p_of_the_token_it_drafts(data):
+@pytest.mark.parametrize("fused", [False, True], ids=["eager", "fused"])
+def test_each_step_is_scored_against_the_targets_p_of_the_token_it_drafts(data, fused):
     """Step s at position j drafts x[j+2+s]: its soft target is p at row j+s (the target's
     distribution after x[j+1+s]), for response positions whose row exists (the last one is
     the target's distribution after the final token). The loss computes p on those rows
@@ -88,7 +89,7 @@ def test_each_step_is_scored_against_the_targets_p_of_the_token_it_drafts(data):
     emb = target.model.get_input_embeddings()
     steps = 3
     with torch.no_grad():
-        _, stats = eagle3_loss(head, lm, emb, batch, Eagle3LossConfig(ttt_steps=steps))
+        _, stats = eagle3_loss(head, lm, emb, batch, Eagle3LossConfig(ttt_steps=steps, fused=fused))
         tokens, f = batch["tokens"], batch["features"]
         states = list(ttt_forward(head, emb(tokens[:, 1:]), batch["layer_features"][:, :-1], steps))
         B, L = tokens.shape[0], tokens.shape[1] - 1
@@ -103,6 +104,24 @@ def test_each_step_is_scored_against_the_targets_p_of_the_token_it_drafts(data):
                         hits.append(float(logq.argmax() == p.argmax()))
             assert stats[f"ce{s + 1}"] == pytest.approx(float(torch.stack(ces).mean()), rel=1e-4), s
             assert stats[f"acc{s + 1}"] == pytest.approx(sum(hits) / len(hits), abs=1e-6), s
+
+
+def test_the_fused_loss_gives_the_eager_loss_gradients(data):
+    """The loss compiled by inductor (fused_ce.py) back-propagates what the eager one does:
+    the same gradient on every parameter of the head, over a batch of varied lengths."""
+    target, ds = data
+    batch = ds.collate(list(range(len(ds))))
+    grads = {}
+    for fused in (False, True):
+        head = _fresh(target, ds, seed=2)
+        lm = SubsetLMHead(target.model.lm_head, head.draft_token_ids())
+        loss, _ = eagle3_loss(head, lm, target.model.get_input_embeddings(), batch,
+                              Eagle3LossConfig(ttt_steps=3, fused=fused))
+        loss.backward()
+        grads[fused] = {n: p.grad for n, p in head.named_parameters() if p.grad is not None}
+    assert grads[True].keys() == grads[False].keys() and len(grads[True]) > 5
+    for name, g in grads[False].items():
+        torch.testing.assert_close(grads[True][name], g, atol=1e-6, rtol=1e-4, msg=name)
 
 
 def test_training_lowers_the_token_loss_at_every_depth(data, tmp_path):

@@ -39,7 +39,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from transformers import DynamicCache
 
 from app.engine.heads.eagle3 import Eagle3Head, eagle3_config_for
@@ -49,6 +48,7 @@ from app.engine.sources import SHIPPED_HEADS
 from app.engine.precision import bf16_is_native
 from app.train.data import log
 from app.train.draft_vocab import describe
+from app.train.fused_ce import fused, soft_ce_and_agreement, target_distribution
 from app.train.stage import loss_vocabulary, train_config, training_inputs
 from app.train.loss import SubsetLMHead
 from app.train.trainer import FeatureDataset, train
@@ -66,6 +66,7 @@ class Eagle3LossConfig:
     ttt_steps: int = TTT_STEPS  # draft steps unrolled (>= 1; 1 = no training-time test)
     ttt_decay: float = 0.8      # weight of step s is ttt_decay ** s
     bf16: bool = False          # head forward and LM head under bf16 autocast (master weights, CE in fp32)
+    fused: bool = False         # the (N, Vd) softmax/CE/argmax work compiled by inductor (fused_ce.py)
 
 
 class Eagle3Dataset(FeatureDataset):
@@ -149,13 +150,14 @@ def eagle3_loss(head, lm_head, embedding, batch: dict[str, torch.Tensor], cfg: E
     # of the head and of the target's p) are nearly all of a step, and VDPBF16PS does twice
     # the multiply-adds of fp32 FMA (only those: softmax, the loss and the stats run in fp32)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16)
+    distribution = fused(target_distribution) if cfg.fused else target_distribution
     with torch.no_grad():
         with autocast:
             target_logits = lm_head(f[:, 1:][read])                      # (R, Vd)
-        p_read = torch.softmax(target_logits.float(), -1)                # (R, Vd) p_d of x[j+2]
-        p_top = p_read.argmax(-1)                                         # (R,) the target's top token
+        p_read, p_top = distribution(target_logits)                     # (R, Vd) p_d of x[j+2], (R,) its top token
     total = torch.zeros((), device=device)
     stats: dict[str, float] = {}
+    ce_and_acc = fused(soft_ce_and_agreement) if cfg.fused else soft_ce_and_agreement
     with autocast:
         steps = ttt_forward(head, embedding(tokens[:, 1:]), layers[:, :-1], cfg.ttt_steps)
     for s in range(cfg.ttt_steps):
@@ -165,13 +167,12 @@ def eagle3_loss(head, lm_head, embedding, batch: dict[str, torch.Tensor], cfg: E
         if not bool(valid.any()):
             break
         with autocast:
-            logits = head.logits(hidden[valid]).float()                    # (N, Vd) q_s of x[j+2+s]
+            logits = head.logits(hidden[valid])                            # (N, Vd) q_s of x[j+2+s]
         rows = _ahead(slot, s)[valid]                                      # (N,) row j+s of p
-        ce = F.cross_entropy(logits, p_read[rows])                         # soft targets: -Σ p log q
+        ce, acc = ce_and_acc(logits, p_read, rows, p_top)                  # soft targets: -Σ p log q
         total = total + cfg.ttt_decay ** s * ce
-        with torch.no_grad():
-            stats[f"ce{s + 1}"] = ce.item()
-            stats[f"acc{s + 1}"] = (logits.argmax(-1) == p_top[rows]).float().mean().item()
+        stats[f"ce{s + 1}"] = ce.item()
+        stats[f"acc{s + 1}"] = acc.item()
     stats["loss"] = total.item()
     return total, stats
 
@@ -279,7 +280,8 @@ def run_training(args, work: Path, out: Path) -> dict:
             source = SHIPPED_HEADS["eagle2"] if args.warm_start == "eagle2" else Path(args.warm_start)
             log(f"train eagle3: warm start from {source}: " + ", ".join(warm_start(head, source)))
     steps = args.ttt_steps if args.ttt_steps else TTT_STEPS
-    loss_cfg = Eagle3LossConfig(ttt_steps=steps, bf16=not args.fp32_lm_head and bf16_is_native(args.device))
+    loss_cfg = Eagle3LossConfig(ttt_steps=steps, bf16=not args.fp32_lm_head and bf16_is_native(args.device),
+                                fused=not args.eager_loss)
     cfg = train_config(args)
     validator = None
     if holdout and args.validate_every:

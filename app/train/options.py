@@ -76,6 +76,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fp32-lm-head", action="store_true",
                    help="LM-head matmuls of the loss in float32 (default: bf16 autocast where bf16 is native, "
                         "see --data-dtype auto; float32 elsewhere); --arch eagle3 autocasts the whole head")
+    p.add_argument("--eager-loss", action="store_true",
+                   help="--arch eagle3: run the per-depth soft cross-entropy eagerly instead of compiled by "
+                        "inductor (app/train/fused_ce.py; same values, ~20 s to compile once, faster steps)")
     p.add_argument("--train-minutes", type=float, default=100.0,
                    help="training-time budget of the run (summed over resumes); the LR schedule follows it; "
                         "0 = no budget, --epochs alone ends the run")
