@@ -270,3 +270,27 @@ def test_a_new_head_starts_from_the_targets_output_end(data):
     head = new_head(target, ids, ds.layers)
     assert torch.equal(head.lm_head.weight, target.model.lm_head.weight[ids])
     assert torch.equal(head.norm.weight, target.model.model.norm.weight)
+
+
+def test_without_a_compiler_the_fused_loss_runs_eagerly_and_says_so(tmp_path):
+    """A machine without a C++ compiler (a Space image without gcc) still trains: inductor's
+    build fails, the loss runs eagerly with the same values, and one line says why."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = (
+        "import torch\n"
+        "from app.train.fused_ce import fused, soft_ce_and_agreement\n"
+        "torch.manual_seed(0)\n"
+        "q = torch.randn(7, 33); p = torch.softmax(torch.randn(9, 33), -1)\n"
+        "rows = torch.randint(0, 9, (7,)); top = p.argmax(-1)\n"
+        "a = fused(soft_ce_and_agreement)(q, p, rows, top); b = soft_ce_and_agreement(q, p, rows, top)\n"
+        "print(float(a[0]) == float(b[0]) and float(a[1]) == float(b[1]))\n")
+    env = {**os.environ, "CXX": str(tmp_path / "no-such-compiler"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache")}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "True"
+    assert "the fused loss could not be compiled" in out.stderr and "running it eagerly" in out.stderr
