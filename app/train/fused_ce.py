@@ -8,11 +8,11 @@ distribution p (R, Vd) at the rows ``rows`` (N,) that step reads:
 
 With Vd = 8,192 and N ≈ 3,300 rows a batch, each (N, Vd) float32 tensor is ~100 MB, and in
 eager PyTorch the upcast, the gather of p's rows, log_softmax, the product, its sum and the
-argmax each read and write one — and backward as many again. That memory traffic, not the
-matmuls, was half of a step's time on a CPU (profile of a 4,096-token step, one thread:
-``aten::mul``, ``_log_softmax``, ``index``, ``copy_`` and ``argmax`` on (N, Vd) tensors).
-``torch.compile`` fuses each direction into one pass over the rows (~3x less time for this
-part; the whole step in ``benchmarks/eagle3-training-step.md``); shapes vary from batch to batch,
+argmax each read and write one — and backward as many again. That memory traffic was ~45% of
+a step's profiled time on a CPU (``aten::mul``, ``_log_softmax``, ``index``, ``copy_`` and
+``argmax`` on (N, Vd) tensors). ``torch.compile`` fuses each direction into one pass over the
+rows: this part runs ~3x faster, the whole step 8% (2 threads) to 17% (1 thread) faster on a
+2-vCPU AMX Xeon (``benchmarks/eagle3-training-step.md``). Shapes vary from batch to batch,
 so it is compiled once with dynamic shapes.
 
 Where inductor cannot build (no C compiler, say) the same function runs eagerly, with the
