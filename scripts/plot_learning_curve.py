@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 from pathlib import Path
@@ -35,14 +36,18 @@ def figure(curve: list[dict], levels: list[tuple[str, float]], title: str, depth
                                  name=f"depth {d}", line={"color": COLOURS[d]}, marker={"size": 5}))
     for i, p in enumerate(curve):                                  # where each run (resume) began
         if i and p.get("run") != curve[i - 1].get("run"):
-            fig.add_vline(x=p["tokens_seen"] / 1e6, line={"dash": "dot", "color": "#888"},
-                          annotation_text=f"run {p['run']}", annotation_position="top left")
+            fig.add_vline(x=p["tokens_seen"] / 1e6, line={"dash": "dot", "color": "#888"})
+            fig.add_annotation(x=math.log10(p["tokens_seen"] / 1e6), y=0.03, text=f"run {p['run']} (resumed)",
+                               showarrow=False, xanchor="left")
     for i, (name, value) in enumerate(levels):
         fig.add_hline(y=value, line={"dash": "dash", "color": "#555"}, annotation_text=f"{name} {value:.3f}",
-                      annotation_position="top left" if i % 2 else "bottom right")
+                      annotation_position="top left" if i % 2 else "bottom left")
+    lo, hi = min(x) / 1.25, max(x) * 1.25
+    ticks = [t for t in TICKS if lo <= t <= hi]
     fig.update_layout(title=title, width=900, height=480, template="plotly_white",
                       xaxis={"title": "training tokens seen (millions, log scale)", "type": "log",
-                             "tickvals": TICKS, "ticktext": [f"{t:g}" for t in TICKS]},
+                             "range": [math.log10(lo), math.log10(hi)], "tickvals": ticks,
+                             "ticktext": [f"{t:g}" for t in ticks]},
                       yaxis={"title": "held-out acceptance (share of positions)", "rangemode": "tozero"},
                       legend={"orientation": "h", "y": -0.2})
     return fig
