@@ -36,7 +36,11 @@ def test_the_shipped_eagle3_head_is_small_and_carries_its_learning_curve():
     seen = [p["tokens_seen"] for p in progress["curve"]]
     assert seen == sorted(seen) and seen[-1] > 0
     assert {"acc1", "acc2", "acc3"} <= set(progress["held_out"])
-    assert progress["best"]["acc1"] == pytest.approx(max(p["acc1"] for p in progress["curve"]), abs=1e-3)
+    # the kept head is the best measured: a later point counts as better only by the trainer's margin
+    from app.train.trainer import TrainConfig
+
+    best, top = progress["best"]["acc1"], max(p["acc1"] for p in progress["curve"])
+    assert top - TrainConfig().min_gain - 1e-4 <= best <= top + 1e-4
 
 
 def test_the_shipped_eagle3_head_loads_by_name_and_decodes_losslessly():
