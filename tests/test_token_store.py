@@ -90,6 +90,32 @@ def test_the_data_stage_keeps_ids_and_resumes_from_them_without_answering(tmp_pa
         torch.testing.assert_close(b.layer_features.float(), a.layer_features.float(), atol=2e-2, rtol=2e-3)
 
 
+def test_shards_kept_recomputes_the_kept_shards_and_answers_no_other(tmp_path, monkeypatch, capsys):
+    """``--shards kept`` on a new machine: the features of the shards whose ids are kept, and
+    no prompt of the others answered (their shards are left to a run that answers them)."""
+    from app.engine import loading
+    from app.train.cli import run_data
+    from app.train.prompts import save_prompts
+
+    target = eagle3_target(0)
+    monkeypatch.setattr(loading, "load_target", lambda *a, **k: target)
+    ids_dir = tmp_path / "ids"
+    args = argparse.Namespace(shard_size=3, shards="1", time_budget_min=None, base_model=None, arch="eagle3",
+                              data_dtype="float32", max_new_tokens=6, seed=0, ids_dir=str(ids_dir))
+    first, second = tmp_path / "first", tmp_path / "second"
+    for work in (first, second):
+        save_prompts(_tiny_prompts(9), work / "prompts.jsonl")      # three shards of three prompts
+    run_data(args, first)                                            # only shard 1 answered and kept
+
+    def no_answers(*a, **k):
+        raise AssertionError("answered a prompt with --shards kept")
+    monkeypatch.setattr("app.train.cli.generate_with_features", no_answers)
+    args.shards = "kept"
+    run_data(args, second)
+    assert sorted(p.name for p in (second / "features").glob("*.safetensors")) == ["shard_00001.safetensors"]
+    assert "recomputed from shard_00001.npz" in capsys.readouterr().out
+
+
 def test_ids_export_from_feature_shards_writes_only_the_missing_ones(tmp_path):
     target = eagle3_target(0)
     _shard(target, 0, n=3, new_tokens=6).save(tmp_path / "features" / "shard_00000.safetensors")

@@ -47,7 +47,7 @@ from app.train.options import STAGES, add_arguments, check, complete  # noqa: F4
 from app.train.prompts import build_prompts, load_prompts, save_prompts
 from app.train.heap import kept_heap
 from app.train.stage import run_training
-from app.train.token_store import IdShard, export_ids, features_from_ids, id_path, write_checksums
+from app.train.token_store import IdShard, export_ids, features_from_ids, id_path, kept_shards, write_checksums
 
 def default_work_dir(name: str) -> Path:
     return cache_dir() / "train" / name.replace("/", "--")
@@ -124,7 +124,13 @@ def run_data(args, work: Path) -> None:
     target = None
     new_tokens = 0
     order = list(range(n_shards))
-    if args.shards:
+    ids = ids_dir(args, work)
+    if args.shards == "kept":          # a new machine: recompute the features of the kept ids, answer nothing
+        wanted = set(kept_shards(ids))
+        if not wanted:
+            log(f"data: --shards kept, but no token ids are kept in {ids}")
+        order = [s for s in order if s in wanted]
+    elif args.shards:
         wanted = set(parse_indices(args.shards))
         order = [s for s in order if s in wanted]
     if args.reverse:
@@ -132,7 +138,6 @@ def run_data(args, work: Path) -> None:
     log(disk_estimate(work / "features", [s for s in order
                                           if not (work / "features" / f"{shard_name(s)}.safetensors").is_file()],
                       args))
-    ids = ids_dir(args, work)
     recomputed = 0
     for shard in order:
         if args.time_budget_min is not None and time.perf_counter() - start > 60 * args.time_budget_min:

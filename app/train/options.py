@@ -42,7 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reverse", action="store_true",
                    help="take shards from the last one down: a second data worker next to a forward one")
     p.add_argument("--shards", default=None,
-                   help="only these shards, e.g. 128-191 (ranges and commas as in --eval-indices); default: all")
+                   help="only these shards, e.g. 128-191 (ranges and commas as in --eval-indices), or 'kept': the "
+                        "shards whose token ids are kept (recompute their features, answer no new prompt); "
+                        "default: all")
     p.add_argument("--ids-dir", default=None,
                    help="where the data's token ids are kept (app/train/token_store.py): the data stage "
                         "recomputes the features of every id shard found there before it answers new prompts, "
