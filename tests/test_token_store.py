@@ -59,21 +59,29 @@ def test_a_changed_or_unlisted_id_shard_fails_the_checksums(tmp_path):
                                          "shard_00001.npz is listed in SHA256SUMS but missing"]
 
 
-def test_the_data_stage_keeps_ids_and_resumes_from_them_without_answering(tmp_path, monkeypatch, capsys):
-    """A first machine answers two shards and keeps their ids (with checksums); a second one,
-    with the ids only, rebuilds the same feature shards without answering a prompt."""
+def _two_machines(tmp_path, monkeypatch, shards: str, prompts: int):
+    """The data stage's arguments on the tiny EAGLE-3 target, and two work dirs (a first and a
+    second machine) with the same ``prompts`` prompts, sharing one ids folder."""
     from app.engine import loading
-    from app.train.cli import run_data
     from app.train.prompts import save_prompts
 
     target = eagle3_target(0)
     monkeypatch.setattr(loading, "load_target", lambda *a, **k: target)
     ids_dir = tmp_path / "ids"
-    args = argparse.Namespace(shard_size=3, shards="0,1", time_budget_min=None, base_model=None, arch="eagle3",
+    args = argparse.Namespace(shard_size=3, shards=shards, time_budget_min=None, base_model=None, arch="eagle3",
                               data_dtype="float32", max_new_tokens=6, seed=0, ids_dir=str(ids_dir))
     first, second = tmp_path / "first", tmp_path / "second"
     for work in (first, second):
-        save_prompts(_tiny_prompts(6), work / "prompts.jsonl")
+        save_prompts(_tiny_prompts(prompts), work / "prompts.jsonl")
+    return args, ids_dir, first, second
+
+
+def test_the_data_stage_keeps_ids_and_resumes_from_them_without_answering(tmp_path, monkeypatch, capsys):
+    """A first machine answers two shards and keeps their ids (with checksums); a second one,
+    with the ids only, rebuilds the same feature shards without answering a prompt."""
+    from app.train.cli import run_data
+
+    args, ids_dir, first, second = _two_machines(tmp_path, monkeypatch, "0,1", 6)
     run_data(args, first)
     assert sorted(p.name for p in ids_dir.iterdir()) == [SUMS_FILE, "shard_00000.npz", "shard_00001.npz"]
     assert check_checksums(ids_dir) == []
@@ -93,18 +101,9 @@ def test_the_data_stage_keeps_ids_and_resumes_from_them_without_answering(tmp_pa
 def test_shards_kept_recomputes_the_kept_shards_and_answers_no_other(tmp_path, monkeypatch, capsys):
     """``--shards kept`` on a new machine: the features of the shards whose ids are kept, and
     no prompt of the others answered (their shards are left to a run that answers them)."""
-    from app.engine import loading
     from app.train.cli import run_data
-    from app.train.prompts import save_prompts
 
-    target = eagle3_target(0)
-    monkeypatch.setattr(loading, "load_target", lambda *a, **k: target)
-    ids_dir = tmp_path / "ids"
-    args = argparse.Namespace(shard_size=3, shards="1", time_budget_min=None, base_model=None, arch="eagle3",
-                              data_dtype="float32", max_new_tokens=6, seed=0, ids_dir=str(ids_dir))
-    first, second = tmp_path / "first", tmp_path / "second"
-    for work in (first, second):
-        save_prompts(_tiny_prompts(9), work / "prompts.jsonl")      # three shards of three prompts
+    args, _, first, second = _two_machines(tmp_path, monkeypatch, "1", 9)   # three shards of three prompts
     run_data(args, first)                                            # only shard 1 answered and kept
 
     def no_answers(*a, **k):

@@ -282,11 +282,11 @@ def test_without_a_compiler_the_fused_loss_runs_eagerly_and_says_so(tmp_path):
 
     script = (
         "import torch\n"
-        "from app.train.fused_ce import fused, soft_ce_and_agreement\n"
+        "from app.train.fused_ce import fused_soft_ce_and_agreement, soft_ce_and_agreement\n"
         "torch.manual_seed(0)\n"
         "q = torch.randn(7, 33); p = torch.softmax(torch.randn(9, 33), -1)\n"
         "rows = torch.randint(0, 9, (7,)); top = p.argmax(-1)\n"
-        "a = fused(soft_ce_and_agreement)(q, p, rows, top); b = soft_ce_and_agreement(q, p, rows, top)\n"
+        "a = fused_soft_ce_and_agreement(q, p, rows, top); b = soft_ce_and_agreement(q, p, rows, top)\n"
         "print(float(a[0]) == float(b[0]) and float(a[1]) == float(b[1]))\n")
     env = {**os.environ, "CXX": str(tmp_path / "no-such-compiler"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache")}
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300,

@@ -48,7 +48,8 @@ from app.engine.sources import SHIPPED_HEADS
 from app.engine.precision import bf16_is_native
 from app.train.data import log
 from app.train.draft_vocab import describe
-from app.train.fused_ce import fused, soft_ce_and_agreement, target_distribution
+from app.train.fused_ce import (fused_soft_ce_and_agreement, fused_target_distribution, soft_ce_and_agreement,
+                                target_distribution)
 from app.train.stage import loss_vocabulary, train_config, training_inputs
 from app.train.loss import SubsetLMHead
 from app.train.trainer import FeatureDataset, train
@@ -150,14 +151,14 @@ def eagle3_loss(head, lm_head, embedding, batch: dict[str, torch.Tensor], cfg: E
     # of the head and of the target's p) are nearly all of a step, and VDPBF16PS does twice
     # the multiply-adds of fp32 FMA (only those: softmax, the loss and the stats run in fp32)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16)
-    distribution = fused(target_distribution) if cfg.fused else target_distribution
+    distribution = fused_target_distribution if cfg.fused else target_distribution
     with torch.no_grad():
         with autocast:
             target_logits = lm_head(f[:, 1:][read])                      # (R, Vd)
         p_read, p_top = distribution(target_logits)                     # (R, Vd) p_d of x[j+2], (R,) its top token
     total = torch.zeros((), device=device)
     stats: dict[str, float] = {}
-    ce_and_acc = fused(soft_ce_and_agreement) if cfg.fused else soft_ce_and_agreement
+    ce_and_acc = fused_soft_ce_and_agreement if cfg.fused else soft_ce_and_agreement
     with autocast:
         steps = ttt_forward(head, embedding(tokens[:, 1:]), layers[:, :-1], cfg.ttt_steps)
     for s in range(cfg.ttt_steps):

@@ -42,18 +42,14 @@ def target_distribution(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return p, p.argmax(-1)
 
 
-_COMPILED: dict[str, object] = {}
 _FAILED: list[str] = []
 
 
 def fused(fn):
-    """``fn`` compiled once by inductor (dynamic shapes), or ``fn`` itself where compiling
-    fails; the first failure is reported on stderr and the eager path is used from then on."""
-    if _FAILED:
-        return fn
-    compiled = _COMPILED.get(fn.__name__)
-    if compiled is None:
-        compiled = _COMPILED[fn.__name__] = torch.compile(fn, dynamic=True)
+    """``fn`` compiled by inductor (dynamic shapes, compiled at its first call), or ``fn``
+    itself where compiling fails; the first failure is reported on stderr and every fused
+    function runs eagerly from then on."""
+    compiled = torch.compile(fn, dynamic=True)
 
     def call(*args):
         if _FAILED:
@@ -66,3 +62,7 @@ def fused(fn):
                   "(same values, slower)", file=sys.stderr, flush=True)
             return fn(*args)
     return call
+
+
+fused_soft_ce_and_agreement = fused(soft_ce_and_agreement)
+fused_target_distribution = fused(target_distribution)
