@@ -5,13 +5,14 @@ Each of the three has two forms, and ``DraftModel`` picks one when the engine is
 draft verb (``head_draft.py``) never asks again:
 
     forward     the head's own ``forward``, or the same layer on the fast kernels
-                (``rowwise.RowwiseDraftHead``, with int8 or the head's own weights) when the
-                target runs on them
+                (``rowwise.RowwiseDraftHead``, EAGLE-3's ``RowwiseEagle3Head``, with int8 or
+                the head's own weights) when the target runs on them
     embeddings  the head's ``embed``, or one C call on the fast kernels
     LM head     the target's over the full vocabulary V, or its rows for a draft vocabulary
                 (Vd token ids: on a CPU every draft level reads the whole (V, H) matrix, so a
                 smaller set makes drafting several times cheaper; verification is untouched),
-                or EAGLE-3's own norm and LM head over its own vocabulary
+                or EAGLE-3's own norm and LM head over its own vocabulary (on the fast
+                kernels with its layer)
 
 Kept apart from ``engine.py`` so that the drafting code reads what it needs without
 importing the engine: the engine owns one of these (``Engine.draft_model``) and hands it on.
@@ -21,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from app.engine import kernels
-from app.engine.rowwise import RowwiseDraftHead, RowwiseLlamaDecoder
+from app.engine.rowwise import RowwiseDraftHead, RowwiseEagle3Head, RowwiseLlamaDecoder
 
 DRAFT_WEIGHTS = ("int8", "head")
 
@@ -57,15 +58,20 @@ class DraftModel:
             self.lm_weight = weight.index_select(0, self.vocab).contiguous()     # (Vd, H)
             bias = getattr(self.lm_head, "bias", None)
             self.lm_bias = bias.index_select(0, self.vocab) if bias is not None else None
-        # With the fast target forward, an EAGLE-1/2 head drafts on the same kernels: the
-        # head's forward and its LM head (over the draft vocabulary) over the frontier's rows.
+        # With the fast target forward, the head drafts on the same kernels: its forward and
+        # its LM head (the target's over the draft vocabulary, or EAGLE-3's own) over the
+        # frontier's rows.
         self.forward, self.lm_packed, self.weights = head, None, "head"
-        if isinstance(decoder, RowwiseLlamaDecoder) and head is not None and RowwiseDraftHead.supports(head):
-            int8 = draft_weights == "int8"
+        fast = isinstance(decoder, RowwiseLlamaDecoder) and head is not None
+        int8 = draft_weights == "int8"
+        if fast and RowwiseDraftHead.supports(head):
             self.weights = draft_weights
             self.forward = RowwiseDraftHead(head, int8, embedding=self.embedding)
             if draft_vocab is not None:
                 self.lm_packed = kernels.Packed(self.lm_weight, int8)
+        elif fast and RowwiseEagle3Head.supports(head):
+            self.weights = draft_weights
+            self.forward = RowwiseEagle3Head(head, int8, embedding=self.embedding)
 
     @property
     def vocab_size(self) -> int:
@@ -76,7 +82,7 @@ class DraftModel:
         """(F, H) predicted features -> (F, V) logits, or (F, Vd) over the draft vocabulary
         (EAGLE-3: the head's own norm and LM head)."""
         if self.own_lm:
-            return self.head.logits(feats)
+            return self.forward.logits(feats) if self.forward is not self.head else self.head.logits(feats)
         if self.forward is not self.head:          # the fast kernels (float32 features)
             if self.vocab is None:
                 return self.decoder.logits(feats)

@@ -215,12 +215,17 @@ class RowwiseDraftHead:
     def __init__(self, head: nn.Module, int8: bool = False, embedding: nn.Module | None = None):
         """``embedding``: the target's input embedding, the head's token table where it has
         none of its own (``embed_ids``; None: the caller embeds)."""
-        layer = head.layers[0]
+        with torch.no_grad():
+            self.fc = kernels.Packed(head.fc.weight, int8)                        # (H, 2H): [emb; f] -> H
+            self.fc_bias = head.fc.bias.detach().float() if head.fc.bias is not None else None
+        self._pack_layer(head.layers[0], head, int8, embedding)
+
+    def _pack_layer(self, layer: nn.Module, head: nn.Module, int8: bool, embedding: nn.Module | None) -> None:
+        """The decoder layer's weights packed, and its view for the C decoder (one layer, no
+        input norm: ``norm1`` NULL; its cache fields are set per call)."""
         attn, mlp = layer.self_attn, layer.mlp
         cfg = head.config
         with torch.no_grad():
-            self.fc = kernels.Packed(head.fc.weight, int8)
-            self.fc_bias = head.fc.bias.detach().float() if head.fc.bias is not None else None
             self.qkv = kernels.Packed(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]), int8)
             self.o = kernels.Packed(attn.o_proj.weight, int8)
             self.gate_up = kernels.Packed(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), int8)
@@ -233,8 +238,6 @@ class RowwiseDraftHead:
         self.scaling = getattr(attn, "scaling", self.head_dim ** -0.5)
         self.rope = RopeTable(head.rotary_emb, self.head_dim)
         self.inner = mlp.down_proj.in_features
-        # the layer for the C decoder (``kernels.decoder``, one call): no input norm (norm1
-        # NULL), its cache fields set per call
         self._c_layer = (kernels.Layer * 1)()
         self._c_keys_t = (kernels.KeysT * 1)()
         c = self._c_layer[0]
@@ -257,17 +260,17 @@ class RowwiseDraftHead:
         layer = getattr(head, "layers", [None])[0]
         if layer is None or not hasattr(head, "fc") or hasattr(head, "logits"):
             return False
-        attn, mlp = layer.self_attn, layer.mlp
-        return (isinstance(layer.input_layernorm, nn.Identity) and getattr(head.config, "hidden_act", "") == "silu"
-                and all(getattr(attn, n).bias is None for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
-                and all(getattr(mlp, n).bias is None for n in ("gate_proj", "up_proj", "down_proj")))
+        return isinstance(layer.input_layernorm, nn.Identity) and _plain_layer(layer, head.config)
+
+    def _layer_input(self, token_embeds: torch.Tensor, features: torch.Tensor) -> tuple[torch.Tensor, None]:
+        """(T, H) what the layer reads: fc([emb; f]); and no embeddings beside it (EAGLE-3 has)."""
+        x = kernels.linear(torch.cat((token_embeds[0].float(), features[0].float()), dim=-1), self.fc)   # (T, H)
+        return (x + self.fc_bias if self.fc_bias is not None else x), None
 
     def __call__(self, token_embeds, features, position_ids, attention_mask, cache):
         T = token_embeds.shape[1]
         d = self.head_dim
-        x = kernels.linear(torch.cat((token_embeds[0].float(), features[0].float()), dim=-1), self.fc)   # (T, H)
-        if self.fc_bias is not None:
-            x = x + self.fc_bias
+        x, emb = self._layer_input(token_embeds, features)                                 # (T, H), (T, H) or None
         cos, sin = self.rope(position_ids)                                                # (T, d) each
         slots = kv.reserve(cache, T, self.kv_heads, d) if self.one_call else None
         if slots is not None and slots[0][1].dtype == torch.float32:
@@ -280,18 +283,26 @@ class RowwiseDraftHead:
             keep = attention_mask                                            # None, or (T, S) uint8
             if keep is not None and keep.dim() != 2:
                 keep = keep[0, 0].to(torch.uint8).contiguous()
-            out = kernels.decoder(x.contiguous(), self._c_layer, self.heads, self.kv_heads, d, self.inner,
-                                  cos, sin, cached, keep, tap=None, taps=None, final_norm=None, final_eps=0.0,
-                                  keys_t=self._c_keys_t)
+            if emb is not None:
+                out = kernels.decoder_eagle3(x.contiguous(), emb, self._c_layer, self.heads, self.kv_heads, d,
+                                             self.inner, cos, sin, cached, keep, self.norm_emb, self.eps_emb,
+                                             keys_t=self._c_keys_t)
+            else:
+                out = kernels.decoder(x.contiguous(), self._c_layer, self.heads, self.kv_heads, d, self.inner,
+                                      cos, sin, cached, keep, tap=None, taps=None, final_norm=None, final_eps=0.0,
+                                      keys_t=self._c_keys_t)
             return out[None]                                                              # (1, T, H) float32
         if slots is not None:                       # reserved for a cache in another dtype: undo, take the path below
             kv.crop(cache, slots[0][0])
-        return self._forward_per_kernel(x, cos, sin, T, d, attention_mask, cache)
+        return self._forward_per_kernel(x, cos, sin, T, d, attention_mask, cache, emb)
 
-    def _forward_per_kernel(self, x, cos, sin, T, d, attention_mask, cache):
+    def _forward_per_kernel(self, x, cos, sin, T, d, attention_mask, cache, emb=None):
         """The layer one kernel call at a time, the cache written by ``cache.update``: any
-        cache kind. The one-call path above runs exactly these steps in C."""
-        qkv = kernels.linear(x, self.qkv)                                                 # (T, (Hq+2Hkv)·d)
+        cache kind. The one-call path above runs exactly these steps in C. ``emb``: EAGLE-3's
+        (T, H) token embeddings, whose RMSNorm joins x's in what q, k and v read."""
+        h = x if emb is None else torch.cat((kernels.rms_norm(emb, self.norm_emb, self.eps_emb),
+                                             kernels.rms_norm(x, self.norm_hidden, self.eps_hidden)), dim=-1)
+        qkv = kernels.linear(h, self.qkv)                                                 # (T, (Hq+2Hkv)·d)
         qk, v = qkv.split([(self.heads + self.kv_heads) * d, self.kv_heads * d], dim=-1)
         qk = qk.view(T, -1, d).transpose(0, 1)                                            # (Hq+Hkv, T, d)
         qk = qk * cos + rotate_half(qk) * sin
@@ -304,3 +315,64 @@ class RowwiseDraftHead:
         x = x + kernels.linear(kernels.silu_mul(kernels.linear(kernels.rms_norm(x, self.norm, self.eps),
                                                                  self.gate_up)), self.down)
         return x[None]                                                                    # (1, T, H) float32
+
+
+class RowwiseEagle3Head(RowwiseDraftHead):
+    """An EAGLE-3 head's forward and its LM head (``Eagle3Head.forward`` / ``.logits``) on the
+    same kernels, int8 or the head's own weights as ``RowwiseDraftHead``.
+
+    What differs from EAGLE-1/2 (``heads/eagle3.py``): fc fuses the target's three tapped
+    layers (3H -> H) and is skipped from the second draft level on, where the head reads its
+    own state (H); the token embedding does not go through fc but beside the state into
+    q, k and v, each RMS-normed: [norm_emb(emb); norm_hidden(g)] (2H); the state g is the
+    residual; and the head has its own final norm and LM head over its draft vocabulary
+    (``logits``). One C call a forward where the build has ``kernels.decoder_eagle3``."""
+
+    def __init__(self, head: nn.Module, int8: bool = False, embedding: nn.Module | None = None):
+        mid = head.midlayer
+        with torch.no_grad():
+            self.fc = kernels.Packed(head.fc.weight, int8)                        # (H, 3H): [l; m; h] -> g
+            self.fc_bias = None
+            self.lm_head = kernels.Packed(head.lm_head.weight, int8)              # (Vd, H)
+            self.norm_emb = mid.input_layernorm.weight.detach().float()
+            self.norm_hidden = mid.hidden_norm.weight.detach().float()
+            self.final_norm = head.norm.weight.detach().float()
+        self.eps_emb = mid.input_layernorm.variance_epsilon
+        self.eps_hidden = mid.hidden_norm.variance_epsilon
+        self.final_eps = head.norm.variance_epsilon
+        self.hidden_size = head.config.hidden_size
+        self._pack_layer(mid, head, int8, embedding)
+        c = self._c_layer[0]
+        c.norm1, c.eps1 = self.norm_hidden.data_ptr(), self.eps_hidden    # the C layer's input norm: hidden_norm
+        self.one_call = self.one_call and kernels.has_eagle3_layer()
+
+    @staticmethod
+    def supports(head) -> bool:
+        """An EAGLE-3 head (``Eagle3Head``) with a SiLU MLP and no biases."""
+        mid = getattr(head, "midlayer", None)
+        return (mid is not None and hasattr(head, "logits") and getattr(head, "fc", None) is not None
+                and head.fc.bias is None and _plain_layer(mid, head.config))
+
+    def _layer_input(self, token_embeds, features):
+        """g = fc([l; m; h]) from the target's taps (3H), or the head's own state as is (H);
+        the embeddings go beside it into the layer."""
+        x = features[0].float()                                                           # (T, 3H) or (T, H)
+        if x.shape[-1] == self.fc.in_features:
+            x = kernels.linear(x, self.fc)                                                # (T, H)
+        elif x.shape[-1] != self.hidden_size:
+            raise ValueError(f"EAGLE-3 head reads {self.fc.in_features} (target) or {self.hidden_size} "
+                             f"(its own) features, got {x.shape[-1]}")
+        return x.contiguous(), token_embeds[0].float().contiguous()
+
+    def logits(self, feats: torch.Tensor) -> torch.Tensor:
+        """(F, H) head states -> (F, Vd) draft logits: the head's final RMSNorm, then its LM head."""
+        return kernels.linear(kernels.rms_norm(feats.float().contiguous(), self.final_norm, self.final_eps),
+                              self.lm_head)
+
+
+def _plain_layer(layer: nn.Module, config) -> bool:
+    """A Llama layer the draft kernels run: SiLU MLP, no biases in attention or MLP."""
+    attn, mlp = layer.self_attn, layer.mlp
+    return (getattr(config, "hidden_act", "") == "silu"
+            and all(getattr(attn, n).bias is None for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
+            and all(getattr(mlp, n).bias is None for n in ("gate_proj", "up_proj", "down_proj")))

@@ -358,3 +358,32 @@ def decoder(x: torch.Tensor, layers, heads: int, kv_heads: int, head_dim: int, i
         final_norm.data_ptr() if final_norm is not None else None, float(final_eps), out.data_ptr(),
         torch.get_num_threads(), keys_t)
     return out
+
+
+def has_eagle3_layer() -> bool:
+    """Whether this build runs EAGLE-3's draft layer in one call (``decoder_eagle3``)."""
+    return hasattr(_lib or load(), "rowwise_decoder_eagle3")
+
+
+def decoder_eagle3(x: torch.Tensor, emb: torch.Tensor, layer, heads: int, kv_heads: int, head_dim: int, inner: int,
+                   cos: torch.Tensor, sin: torch.Tensor, cached: int, mask: torch.Tensor | None,
+                   norm_emb: torch.Tensor, eps_emb: float, keys_t=None) -> torch.Tensor:
+    """EAGLE-3's draft layer over n rows in one call (``rowwise_decoder_eagle3``): ``decoder``'s
+    one layer, except that q, k and v read [RMSNorm(emb; norm_emb); RMSNorm(x; the layer's
+    norm1)] (n, 2H) and x stays the residual (``heads.eagle3.Eagle3Layer``); no final norm.
+
+    x (n, H) float32 contiguous, the fused features g or the head's own state (not
+    overwritten); emb (n, H) float32 contiguous, the token embeddings; ``layer`` a one-element
+    ``Layer`` array with its cache fields set and ``qkv`` packed (N, 2H). Returns (n, H) float32."""
+    n, H = x.shape
+    assert x.is_contiguous() and x.dtype == torch.float32 and emb.shape == (n, H) and emb.is_contiguous() \
+        and emb.dtype == torch.float32
+    assert cos.shape == sin.shape == (n, head_dim) and cos.is_contiguous() and sin.is_contiguous()
+    assert mask is None or (mask.dtype == torch.uint8 and mask.is_contiguous() and mask.shape == (n, cached + n))
+    x = x.clone()                                   # the C side overwrites it with the residual stream
+    out = torch.empty_like(x)
+    (_lib or load()).rowwise_decoder_eagle3(
+        x.data_ptr(), emb.data_ptr(), n, layer, H, heads, kv_heads, head_dim, inner, cos.data_ptr(), sin.data_ptr(),
+        cached, mask.data_ptr() if mask is not None else None, norm_emb.data_ptr(), float(eps_emb), out.data_ptr(),
+        torch.get_num_threads(), keys_t)
+    return out

@@ -44,7 +44,7 @@
  *   linear_bf16.c   native bfloat16 products (VDPBF16PS, AMX tiles) and rowwise_linear
  *   attention.c     softmax attention over the transposed keys
  *   elementwise.c   RMSNorm, SwiGLU's product, RoPE
- *   decoder.c       the whole decoder stack in one call
+ *   decoder.c       the whole decoder stack in one call (and EAGLE-3's draft layer)
  *   cache.c         the KV cache's compaction after a tree verification
  *   logits.c        argmax, top-k q and p over rows of logits; the embedding lookup
  *

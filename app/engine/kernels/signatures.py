@@ -63,6 +63,12 @@ def declare(lib, kind: str):
         ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_float,
         ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]   # (older builds ignore the last)
+    if hasattr(lib, "rowwise_decoder_eagle3"):       # builds of older sources have none
+        lib.rowwise_decoder_eagle3.restype = None
+        lib.rowwise_decoder_eagle3.argtypes = [
+            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(Layer), ctypes.c_int, ctypes.c_int,
+            ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
     try:
         lib.rowwise_argmax1.restype, lib.rowwise_argmax1.argtypes = ctypes.c_long, [ctypes.c_void_p, ctypes.c_int]
         lib.rowwise_argmax.restype = lib.rowwise_top_probs.restype = None

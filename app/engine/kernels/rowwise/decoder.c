@@ -46,29 +46,42 @@ struct rowwise_keys_t {
  *   h = rmsnorm(x); qkv = h Wqkv^T; RoPE on q, k; k, v -> cache; a = attention(q, cache)
  *   x = x + a Wo^T;  h = rmsnorm(x); x = x + (silu(h Wg^T) * h Wu^T) Wd^T
  * (each residual add is one rounded float32 add per element, as torch's). */
-void rowwise_decoder(float *x, int n, const struct rowwise_layer *layer, int layers, int H, int Hq, int Hkv,
-                     int d, int I, const float *cos, const float *sin, int cached, const uint8_t *mask,
-                     const int *tap, float *taps, long ldt, const float *final_norm, float final_eps,
-                     float *out, int threads, const struct rowwise_keys_t *kt) {
+static void decoder_stack(float *x, int n, const struct rowwise_layer *layer, int layers, int H, int Hq,
+                          int Hkv, int d, int I, const float *cos, const float *sin, int cached,
+                          const uint8_t *mask, const int *tap, float *taps, long ldt, const float *final_norm,
+                          float final_eps, float *out, int threads, const struct rowwise_keys_t *kt,
+                          const float *emb, const float *norm_emb, float eps_emb) {
     int Nqkv = (Hq + 2 * Hkv) * d, L = cached + n, group = Hq / Hkv;
-    /* work space: qkv (n, Nqkv), attention output (n, Hq d), normed h (n, H), a product
-     * to add (n, H), gate_up (n, 2I), silu * up (n, I), attention scratch */
-    size_t sizes[7] = {(size_t)n * Nqkv, (size_t)n * Hq * d, (size_t)n * H, (size_t)n * H, (size_t)n * 2 * I,
-                       (size_t)n * I, (size_t)threads * group * (L + 16)};
+    /* work space: qkv (n, Nqkv), attention output (n, Hq d), normed h (n, H; EAGLE-3: n, 2H),
+     * a product to add (n, H), gate_up (n, 2I), silu * up (n, I), attention scratch,
+     * EAGLE-3's normed embeddings (n, H) */
+    size_t sizes[8] = {(size_t)n * Nqkv, (size_t)n * Hq * d, (size_t)n * H * (emb ? 2 : 1), (size_t)n * H,
+                       (size_t)n * 2 * I, (size_t)n * I, (size_t)threads * group * (L + 16),
+                       emb ? (size_t)n * H : 0};
     size_t total = 0;
-    for (int s = 0; s < 7; s++) total += sizes[s];
+    for (int s = 0; s < 8; s++) total += sizes[s];
     float *work = (float *)malloc(total * sizeof(float));
     float *qkv = work, *att = qkv + sizes[0], *h = att + sizes[1], *add = h + sizes[2], *gu = add + sizes[3],
-          *act = gu + sizes[4], *scratch = act + sizes[5];
+          *act = gu + sizes[4], *scratch = act + sizes[5], *e = scratch + sizes[6];
     long nx = (long)n * H;
     for (int l = 0; l < layers; l++) {
         const struct rowwise_layer *w = layer + l;
         if (tap && tap[l] >= 0)
             for (int i = 0; i < n; i++) memcpy(taps + i * ldt + (long)tap[l] * H, x + (long)i * H, sizeof(float) * H);
         /* attention block (an EAGLE head's layer has no input norm: norm1 NULL) */
-        if (w->norm1) rowwise_rmsnorm(x, n, H, w->norm1, w->eps1, h);
+        int K = H;
+        if (emb && l == 0) {
+            /* EAGLE-3's layer: q, k, v read [rmsnorm(emb); rmsnorm(x)] (n, 2H); x stays the residual */
+            K = 2 * H;
+            rowwise_rmsnorm(emb, n, H, norm_emb, eps_emb, e);
+            rowwise_rmsnorm(x, n, H, w->norm1, w->eps1, add);          /* add: free until the o-projection */
+            for (int i = 0; i < n; i++) {
+                memcpy(h + (long)i * K, e + (long)i * H, sizeof(float) * H);
+                memcpy(h + (long)i * K + H, add + (long)i * H, sizeof(float) * H);
+            }
+        } else if (w->norm1) rowwise_rmsnorm(x, n, H, w->norm1, w->eps1, h);
         else memcpy(h, x, sizeof(float) * nx);
-        rowwise_linear(h, H, n, w->qkv, w->wfmt, Nqkv, H, qkv, Nqkv, threads);
+        rowwise_linear(h, K, n, w->qkv, w->wfmt, Nqkv, K, qkv, Nqkv, threads);
         rowwise_rope(qkv, n, Nqkv, Hq + Hkv, d, cos, sin);
         for (int i = 0; i < n; i++)                   /* row i's k and v heads -> cache position cached + i */
             for (int g = 0; g < Hkv; g++) {
@@ -91,4 +104,25 @@ void rowwise_decoder(float *x, int n, const struct rowwise_layer *layer, int lay
     if (final_norm) rowwise_rmsnorm(x, n, H, final_norm, final_eps, out);
     else memcpy(out, x, sizeof(float) * nx);                /* no final norm (an EAGLE head) */
     free(work);
+}
+
+void rowwise_decoder(float *x, int n, const struct rowwise_layer *layer, int layers, int H, int Hq, int Hkv,
+                     int d, int I, const float *cos, const float *sin, int cached, const uint8_t *mask,
+                     const int *tap, float *taps, long ldt, const float *final_norm, float final_eps,
+                     float *out, int threads, const struct rowwise_keys_t *kt) {
+    decoder_stack(x, n, layer, layers, H, Hq, Hkv, d, I, cos, sin, cached, mask, tap, taps, ldt, final_norm,
+                  final_eps, out, threads, kt, NULL, NULL, 0.0f);
+}
+
+/* EAGLE-3's draft layer (one layer, no final norm): as rowwise_decoder, with the token
+ * embeddings emb (n, H) beside x, the fused target features or the head's own state g:
+ * q, k, v read [rmsnorm(emb, norm_emb); rmsnorm(x, norm1)] (2H wide) and x is the residual
+ * (Eagle3Layer.forward). Its own entry point, so that the Python side can tell a build that
+ * has it from an older one (kernels.load_other) by the symbol alone. */
+void rowwise_decoder_eagle3(float *x, const float *emb, int n, const struct rowwise_layer *layer, int H, int Hq,
+                            int Hkv, int d, int I, const float *cos, const float *sin, int cached,
+                            const uint8_t *mask, const float *norm_emb, float eps_emb, float *out, int threads,
+                            const struct rowwise_keys_t *kt) {
+    decoder_stack(x, n, layer, 1, H, Hq, Hkv, d, I, cos, sin, cached, mask, NULL, NULL, 0, NULL, 0.0f, out,
+                  threads, kt, emb, norm_emb, eps_emb);
 }
