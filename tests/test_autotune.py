@@ -238,6 +238,25 @@ def test_calibration_cache_key_holds_the_default_settings(tmp_path, monkeypatch)
     assert all(k["max_new_tokens"] == 6 and k["vanilla_tokens"] == 2 for k in keys)
 
 
+def test_calibration_cache_key_names_what_the_head_drafts_with():
+    """A calibration's step timings are its draft's: the same head drafting in its own forward
+    and on the fast kernels' form of it must not share a record."""
+    from app.engine import kernels
+    from app.engine.engine import Engine
+    from tests.tiny import eagle3_target, random_eagle3_head
+
+    if kernels.load() is None:
+        pytest.skip(f"fast kernels unavailable: {kernels.why_not()}")
+    target = eagle3_target(0)
+    head = random_eagle3_head(target)
+    fast = Engine(target, head)
+    eager = Engine(target, head)
+    eager.draft_model.forward = head                 # as where the head has no fast form
+    keys = [autotune._calibration_key(e, autotune.CALIBRATION_SETTINGS) for e in (fast, eager)]
+    assert keys[0]["draft_forward"] == "RowwiseEagle3Head" and keys[1]["draft_forward"] == "head"
+    assert autotune.calibration_cache_path(keys[0]) != autotune.calibration_cache_path(keys[1])
+
+
 def test_measuring_and_calibrating_name_the_device_of_every_tensor(tiny):
     """GPU readiness without a GPU (see tests/test_sampling.py): with torch's default device
     set to "meta", a tensor made without naming its device breaks the first operation that

@@ -257,8 +257,12 @@ def _load_text(load: float | None) -> str:
 def _calibration_key(engine, settings: dict) -> dict:
     # the key holds every setting calibrate() is called with, defaults included, so a change of
     # the built-in prompts or lengths invalidates old records instead of silently reusing them
+    # and what the head drafts with (its own forward, or the fast kernels' form of it): the
+    # step timings of a calibration are that draft's
+    draft = getattr(getattr(engine, "draft_model", None), "forward", None)
     return dict(cost_cache_key(engine.target), head=head_fingerprint(engine.head), records="chain+interleaved",
                 draft_weights=getattr(engine, "draft_weights", "head"),
+                draft_forward=type(draft).__name__ if draft is not None and draft is not engine.head else "head",
                 **{k: (list(v) if isinstance(v, tuple) else v) for k, v in sorted(settings.items())})
 
 
