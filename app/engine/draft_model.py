@@ -82,7 +82,7 @@ class DraftModel:
         """(F, H) predicted features -> (F, V) logits, or (F, Vd) over the draft vocabulary
         (EAGLE-3: the head's own norm and LM head)."""
         if self.own_lm:
-            return self.forward.logits(feats) if self.forward is not self.head else self.head.logits(feats)
+            return self.forward.logits(feats)          # the head's own, or its fast kernels' form
         if self.forward is not self.head:          # the fast kernels (float32 features)
             if self.vocab is None:
                 return self.decoder.logits(feats)
