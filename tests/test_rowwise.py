@@ -14,7 +14,7 @@ from app.engine import forward, fused, kernels, kv
 from app.engine.config import SamplingConfig, TreeConfig
 from app.engine.engine import Engine
 from app.engine.loading import Target
-from app.engine.rowwise import RowwiseDraftHead, RowwiseLlamaDecoder
+from app.engine.rowwise import RowwiseDraftHead, RowwiseEagle3Head, RowwiseLlamaDecoder
 from app.engine.tree import tree_attention_mask
 from tests.tiny import random_head, tiny_target
 
@@ -582,16 +582,23 @@ def test_the_heads_byte_mask_drafts_the_trees_its_bool_mask_drafts(monkeypatch):
 
 
 @pytest.mark.slow
-def test_the_int8_draft_accepts_about_as_much_as_the_heads_own_weights():
-    """The default draft reads int8 weights (the head's layer and its draft LM head): faster to
-    read, and its proposals are nearly the head's own. Over the same prompt and trees, the
-    tokens per step stay within a few percent of the bfloat16 head's (a wrong scale or layout
-    would still be lossless, but would propose nonsense and accept almost nothing)."""
+@pytest.mark.parametrize("name", ["eagle2", "eagle3"])
+def test_the_int8_draft_accepts_about_as_much_as_the_heads_own_weights(name):
+    """The default draft reads int8 weights (the head's layer and its draft LM head; EAGLE-3's
+    own LM head): faster to read, and its proposals are nearly the head's own. Over the same
+    prompt and trees, the tokens per step of each shipped head stay within a few percent of
+    its bfloat16 weights' (a wrong scale or layout would still be lossless, but would propose
+    nonsense and accept almost nothing)."""
     from app.engine.factory import load_engine
 
-    engine, _ = load_engine(device="cpu", dtype="bfloat16")
-    own = Engine(engine.target, engine.head, draft_vocab=engine.draft_vocab, draft_weights="head")
-    assert own.draft_model.forward.qkv.format == own.draft_model.lm_packed.format == kernels.BF16
+    engine, _ = load_engine(draft_model=name, device="cpu", dtype="bfloat16")
+    own = Engine(engine.target, engine.head, draft_vocab=None if name == "eagle3" else engine.draft_vocab,
+                 draft_weights="head")
+    fast = own.draft_model.forward
+    assert isinstance(fast, RowwiseEagle3Head if name == "eagle3" else RowwiseDraftHead)
+    lm = fast.lm_head if name == "eagle3" else own.draft_model.lm_packed
+    assert fast.qkv.format == lm.format == kernels.BF16
+    assert engine.draft_model.forward.qkv.format == kernels.INT8
     with pytest.raises(ValueError, match="draft_weights"):
         Engine(engine.target, engine.head, draft_weights="int4")
     prompt = "Explain how a bicycle works, step by step."
