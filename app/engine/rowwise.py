@@ -331,8 +331,7 @@ class RowwiseEagle3Head(RowwiseDraftHead):
     def __init__(self, head: nn.Module, int8: bool = False, embedding: nn.Module | None = None):
         mid = head.midlayer
         with torch.no_grad():
-            self.fc = kernels.Packed(head.fc.weight, int8)                        # (H, 3H): [l; m; h] -> g
-            self.fc_bias = None
+            self.fc = kernels.Packed(head.fc.weight, int8)                        # (H, 3H): [l; m; h] -> g (no bias)
             self.lm_head = kernels.Packed(head.lm_head.weight, int8)              # (Vd, H)
             self.norm_emb = mid.input_layernorm.weight.detach().float()
             self.norm_hidden = mid.hidden_norm.weight.detach().float()

@@ -87,12 +87,12 @@ def id_path(ids_dir: Path, feature_path: Path) -> Path:
     return ids_dir / (feature_path.name.split(".")[0] + ".npz")
 
 
-# --- checksums -------------------------------------------------------------------------------
-
 def kept_shards(ids_dir: Path) -> list[int]:
     """The indices of the shards whose token ids are kept in ``ids_dir`` (``shard_00012.npz`` -> 12)."""
     return sorted(int(p.stem.rsplit("_", 1)[1]) for p in Path(ids_dir).glob("shard_*.npz"))
 
+
+# --- checksums -------------------------------------------------------------------------------
 
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
