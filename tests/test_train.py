@@ -272,6 +272,50 @@ def test_training_measures_held_out_acceptance_keeps_the_best_head_and_stops_on_
     assert still["best"]["step"] == 2
 
 
+def test_a_run_can_keep_the_head_whose_chains_accept_most_rather_than_the_best_at_depth_one():
+    """--select chain: a head trained to draft deeper can give up a little depth-1 acceptance for
+    much more at depths 2-3; judged by a chain's expected accepted drafts it is the better head."""
+    from app.train.trainer import selection_score
+
+    shallow = {"step": 1, "acc1": 0.71, "acc2": 0.60, "acc3": 0.40}    # chain: .71 + .426 + .1704
+    deep = {"step": 2, "acc1": 0.70, "acc2": 0.68, "acc3": 0.64}       # chain: .70 + .476 + .3046
+    assert selection_score(shallow) > selection_score(deep)                         # acc1, the default
+    assert selection_score(deep, "chain") == pytest.approx(0.70 + 0.70 * 0.68 + 0.70 * 0.68 * 0.64)
+    assert selection_score(deep, "chain") > selection_score(shallow, "chain")
+    with pytest.raises(ValueError, match="select"):
+        selection_score(deep, "acc2")
+
+
+@pytest.mark.parametrize("select, kept_step", [("acc1", 3), ("chain", 6)])
+def test_a_run_keeps_the_head_of_the_measurement_its_score_judges_best(tiny_data, tmp_path, select, kept_step):
+    """The run's choice among its held-out measurements follows ``select``. The measurements
+    here are given (step 3 the better depth 1, step 6 the better chain, step 9 worse than both),
+    so the two scores disagree; the head kept is the one trained up to the chosen step."""
+    import itertools
+
+    from app.train.trainer import BEST_HEAD
+
+    target, data = tiny_data
+    given = itertools.cycle([{"acc1": 0.71, "acc2": 0.60, "acc3": 0.40}, {"acc1": 0.70, "acc2": 0.68, "acc3": 0.64},
+                             {"acc1": 0.50, "acc2": 0.40, "acc3": 0.30}])
+    heads = {}
+
+    def validator(h):
+        stats = next(given)
+        heads[len(heads) * 3 + 3] = {k: v.clone() for k, v in h.state_dict().items()}
+        return stats
+
+    head = _head(target)
+    state = train(head, target.model, data, tmp_path / select, LossConfig(ttt_steps=1),
+                  TrainConfig(epochs=10, batch_tokens=512, lr=3e-3, warmup_steps=1, validate_every=3,
+                              stop_at_step=9, select=select), progress=False, validator=validator)
+    assert [p["step"] for p in state["validations"]] == [3, 6, 9] and state["best"]["step"] == kept_step
+    kept = torch.load(tmp_path / select / BEST_HEAD, weights_only=True)
+    for name, value in heads[kept_step].items():
+        torch.testing.assert_close(kept[name], value, msg=name)
+        torch.testing.assert_close(head.state_dict()[name], value, msg=name)     # and returned
+
+
 def test_saved_head_reloads_strictly_with_identical_outputs(tiny_data, tmp_path):
     target, data = tiny_data
     head = _head(target, seed=4).eval()

@@ -311,7 +311,7 @@ def run_training(args, work: Path, out: Path) -> dict:
                 "data": {"conversations": len(data), "tokens": data.num_tokens, "shards": len(paths),
                          "holdout": [p.name for p in holdout]},
                 "held_out": None if val is None else {k: round(v, 4) for k, v in sorted(val.items())},
-                "best": state.get("best"), "warm_start": args.warm_start, "init_from": args.init_from,
+                "best": state.get("best"), "select": cfg.select, "warm_start": args.warm_start, "init_from": args.init_from,
                 "ttt_steps": steps, "lr": args.lr, "batch_tokens": args.batch_tokens,
                 "curve": learning_curve(state, per_step, before)}
     (out / PROGRESS_FILE).write_text(json.dumps(progress, indent=1) + "\n")

@@ -94,7 +94,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "end is the best one measured")
     p.add_argument("--patience", type=int, default=0,
                    help="stop training once this many held-out measurements in a row bring no new best "
-                        "depth-1 acceptance (+0.002); 0 = train to --train-minutes / --epochs")
+                        "(--select, +0.002); 0 = train to --train-minutes / --epochs")
+    p.add_argument("--select", choices=("acc1", "chain"), default="acc1",
+                   help="what makes a held-out measurement the best, whose head is kept: depth-1 acceptance, "
+                        "or a top-1 chain's expected accepted drafts over the measured depths (for a head "
+                        "trained deeper, e.g. --ttt-steps 5)")
     p.add_argument("--checkpoint-every", type=int, default=100, help="optimiser steps between checkpoints")
     p.add_argument("--run-name", default="main", help="checkpoint folder name under <work-dir>/runs")
     p.add_argument("--init-from", default=None, help="start training from this head folder (a fresh optimiser "

@@ -82,10 +82,12 @@ def run_training(args, work: Path, out: Path) -> dict:
 
 def train_config(args) -> TrainConfig:
     """The optimiser loop's settings from the command line (every head kind's)."""
+    args = complete(args)
     return TrainConfig(epochs=args.epochs, batch_tokens=args.batch_tokens, lr=args.lr,
                        weight_decay=args.weight_decay, warmup_steps=args.warmup_steps, clip=args.clip,
                        seed=args.seed, checkpoint_every=args.checkpoint_every, max_minutes=args.train_minutes or None,
-                       validate_every=args.validate_every, patience=args.patience)
+                       validate_every=args.validate_every, patience=args.patience,
+                       select=args.select)
 
 
 def loss_vocabulary(args, run_dir: Path, paths: list[Path], target) -> dict | None:
