@@ -11,7 +11,6 @@ loss with its signature (``app.train.eagle3.eagle3_loss``).
 from __future__ import annotations
 
 import math
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -206,10 +205,11 @@ def selection_score(point: dict, select: str = "acc1") -> float:
         return point["acc1"]
     if select != "chain":
         raise ValueError(f"select must be one of {SELECT}, got {select!r}")
-    total, reach = 0.0, 1.0
-    for d in range(1, 1 + sum(1 for k in point if re.fullmatch(r"acc\d+", k))):
+    total, reach, d = 0.0, 1.0, 1
+    while f"acc{d}" in point:          # acc1, acc2, ... as far as the validator measured
         reach *= point[f"acc{d}"]
         total += reach
+        d += 1
     return total
 
 
