@@ -332,7 +332,7 @@ def test_saved_head_reloads_strictly_with_identical_outputs(tiny_data, tmp_path)
 
 
 def test_eval_indices_parse_ranges_and_refuse_garbage():
-    from app.train.evaluate import parse_indices
+    from app.train.options import parse_indices
 
     assert parse_indices("0-5,10, 20") == [0, 1, 2, 3, 4, 5, 10, 20]
     with pytest.raises(ValueError, match="bad index"):

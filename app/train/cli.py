@@ -24,6 +24,7 @@ acceptance by depth.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -41,9 +42,11 @@ from app.engine.sources import SHIPPED_HEADS
 from app.engine.precision import bf16_is_native
 from app.train.data import generate_with_features, log, shard_name
 from app.train.eagle3 import run_training as run_eagle3_training
-from app.train.evaluate import parse_indices, run_eval
+from app.train.evaluate import run_eval
 from app.train.medusa import run_medusa_training
-from app.train.options import STAGES, add_arguments, check, complete  # noqa: F401  (add_arguments: the CLI's entry)
+from app.train.options import STAGES, add_arguments, check, complete, parse_indices  # noqa: F401  (add_arguments: the CLI's entry)
+from app.train.eval_overlap import EVAL_DIR, EvalIndex, normalise
+from app.train.magpie import CATEGORY as MAGPIE, magpie_prompts
 from app.train.prompts import build_prompts, load_prompts, save_prompts
 from app.train.heap import kept_heap
 from app.train.stage import run_training
@@ -106,13 +109,47 @@ def main(args: argparse.Namespace) -> int:
 
 
 def run_prompts(args, work: Path) -> None:
+    """The template prompts (``prompts.py``), then ``--magpie-prompts`` user turns written by
+    the target itself (``magpie.py``) appended after them, batch by batch (a run cut short
+    continues where it stopped)."""
+    args = complete(args)
     path = work / "prompts.jsonl"
-    if path.is_file() and len(load_prompts(path)) >= args.num_prompts:
+    prompts = load_prompts(path) if path.is_file() else []
+    if len(prompts) >= args.num_prompts:
         log(f"prompts: {path} exists, kept")
+    else:
+        prompts = build_prompts(args.num_prompts, seed=args.seed)
+        save_prompts(prompts, path)
+        log(f"prompts: wrote {len(prompts)} to {path}")
+    have = sum(p.category == MAGPIE for p in prompts)
+    if have >= args.magpie_prompts:
         return
-    prompts = build_prompts(args.num_prompts, seed=args.seed)
-    save_prompts(prompts, path)
-    log(f"prompts: wrote {len(prompts)} to {path}")
+    templates = len(prompts) - have
+    if templates % args.shard_size:
+        raise SystemExit(f"prompts: the target's own prompts start a shard of their own, but {path} holds "
+                         f"{templates} template prompts, not a multiple of --shard-size {args.shard_size}")
+    target = loading.load_target(args.base_model, device=args.device, dtype=data_dtype(args))
+    log(f"prompts: the target writes {args.magpie_prompts - have} more user turns (shards "
+        f"{templates // args.shard_size} on)")
+    start, written = time.perf_counter(), [have]
+
+    def save(batch):                  # append each batch as it comes: a run cut short keeps what it wrote
+        with path.open("a") as f:
+            f.write("".join(json.dumps(p.__dict__) + "\n" for p in batch))
+        written[0] += len(batch)
+        log(f"prompts: {written[0]} of {args.magpie_prompts} written by the target "
+            f"({(time.perf_counter() - start) / 60:.1f} min)")
+
+    magpie_prompts(target.model, target.tokenizer, args.magpie_prompts - have, target.eos_ids, seed=args.seed,
+                   first_id=len(prompts), batch_size=args.shard_size, eval_index=EvalIndex.from_dir(EVAL_DIR),
+                   seen={normalise(p.text) for p in prompts}, on_batch=save)
+
+
+def data_dtype(args) -> str:
+    """--data-dtype, with auto resolved: bfloat16 where it is native, else float32."""
+    if args.data_dtype != "auto":
+        return args.data_dtype
+    return "bfloat16" if bf16_is_native(args.device) else "float32"
 
 
 def run_data(args, work: Path) -> None:
@@ -147,10 +184,7 @@ def run_data(args, work: Path) -> None:
         if path.is_file() or not claim(path):
             continue
         if target is None:
-            dtype = args.data_dtype
-            if dtype == "auto":
-                dtype = "bfloat16" if bf16_is_native(args.device) else "float32"
-            target = loading.load_target(args.base_model, device=args.device, dtype=dtype)
+            target = loading.load_target(args.base_model, device=args.device, dtype=data_dtype(args))
             tok = target.tokenizer
             pad = tok.pad_token_id if tok.pad_token_id is not None else 0
             layers = ()

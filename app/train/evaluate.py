@@ -14,7 +14,7 @@ from app.engine import factory
 from app.engine.config import SamplingConfig, TreeConfig, TreeShape
 from app.train.data import log
 from app.train.eagle3 import Eagle3Dataset, validate as validate_eagle3
-from app.train.options import complete
+from app.train.options import complete, parse_indices
 from app.train.eval_overlap import EVAL_DIR
 from app.train.trainer import FeatureDataset, validate as validate_eagle2
 
@@ -23,18 +23,6 @@ def first_turns(name: str, n: int | None, eval_dir: Path = EVAL_DIR, offset: int
     """First user turns of an evaluation set: ``n`` of them from ``offset`` (None = all)."""
     rows = [json.loads(line) for line in (Path(eval_dir) / f"{name}.jsonl").read_text().splitlines() if line.strip()]
     return [r["turns"][0] for r in rows[offset:None if n is None else offset + n]]
-
-
-def parse_indices(spec: str) -> list[int]:
-    """"0-5,10,20" -> [0, 1, 2, 3, 4, 5, 10, 20]."""
-    out: list[int] = []
-    for part in spec.split(","):
-        part = part.strip()
-        lo, _, hi = part.partition("-")
-        if not lo.isdigit() or (hi and not hi.isdigit()):
-            raise ValueError(f"bad index range {part!r}: use e.g. 0-5,10,20")
-        out.extend(range(int(lo), int(hi or lo) + 1))
-    return out
 
 
 def measure_tau(engine, prompts: list[str], tree: TreeConfig, sampling: SamplingConfig,

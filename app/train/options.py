@@ -34,6 +34,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     # data
     p.add_argument("--num-prompts", type=int, default=12288, help="size of the prompt set")
     p.add_argument("--shard-size", type=int, default=64, help="prompts per shard = generation batch")
+    p.add_argument("--magpie-prompts", type=int, default=0,
+                   help="stage prompts: also this many user turns written by the target itself (Magpie: fed the "
+                        "chat template up to a user turn, it samples one; app/train/magpie.py), after the "
+                        "--num-prompts template prompts, in shards of their own")
     p.add_argument("--data-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                    help="dtype of the target while answering (features are stored as float16); auto: bfloat16 "
                         "on a GPU or a CPU with native bf16 (AMX / AVX512-BF16), else float32 (emulated bf16 "
@@ -42,9 +46,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reverse", action="store_true",
                    help="take shards from the last one down: a second data worker next to a forward one")
     p.add_argument("--shards", default=None,
-                   help="only these shards, e.g. 128-191 (ranges and commas as in --eval-indices), or 'kept': the "
-                        "shards whose token ids are kept (recompute their features, answer no new prompt); "
-                        "default: all")
+                   help="only these shards, e.g. 128-191 (ranges and commas as in --eval-indices): the data stage "
+                        "answers these, a new training run trains on these (and --holdout) only; or, for the data "
+                        "stage, 'kept': the shards whose token ids are kept (recompute their features, answer no "
+                        "new prompt); default: all")
     p.add_argument("--ids-dir", default=None,
                    help="where the data's token ids are kept (app/train/token_store.py): the data stage "
                         "recomputes the features of every id shard found there before it answers new prompts, "
@@ -145,3 +150,15 @@ def check(args: argparse.Namespace) -> None:
 def complete(args: argparse.Namespace) -> argparse.Namespace:
     """``args`` with every option it lacks set to the command line's default."""
     return argparse.Namespace(**{**_defaults(), **vars(args)})
+
+
+def parse_indices(spec: str) -> list[int]:
+    """"0-5,10,20" -> [0, 1, 2, 3, 4, 5, 10, 20]."""
+    out: list[int] = []
+    for part in spec.split(","):
+        part = part.strip()
+        lo, _, hi = part.partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            raise ValueError(f"bad index range {part!r}: use e.g. 0-5,10,20")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out

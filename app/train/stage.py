@@ -12,9 +12,9 @@ from app.engine import loading
 from app.engine.heads.eagle import DraftHead, head_config_for
 from app.engine.heads import DRAFT_VOCAB_FILE
 from app.engine.precision import bf16_is_native
-from app.train.data import log
+from app.train.data import log, shard_name
 from app.train.draft_vocab import build
-from app.train.options import complete
+from app.train.options import complete, parse_indices
 from app.train.loss import LossConfig
 from app.train.trainer import FeatureDataset, TrainConfig, train, validate
 
@@ -29,6 +29,9 @@ def training_shards(args, work: Path) -> tuple[Path, list[Path], list[Path]]:
         paths = [Path(p) for p in json.loads(shards_file.read_text())]
     else:
         paths = sorted((work / "features").glob("shard_*.safetensors"))
+        if args.shards and args.shards != "kept":      # --shards: train on these shards only
+            wanted = {shard_name(i) for i in parse_indices(args.shards)}
+            paths = [p for p in paths if p.stem in wanted]
         run_dir.mkdir(parents=True, exist_ok=True)
         shards_file.write_text(json.dumps([str(p) for p in paths], indent=1))
     holdout = [p for p in paths if p.name in set(args.holdout)]
