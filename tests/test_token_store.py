@@ -99,9 +99,11 @@ def test_the_data_stage_keeps_ids_and_resumes_from_them_without_answering(tmp_pa
 
 
 def test_shards_kept_recomputes_the_kept_shards_and_answers_no_other(tmp_path, monkeypatch, capsys):
-    """``--shards kept`` on a new machine: the features of the shards whose ids are kept, and
-    no prompt of the others answered (their shards are left to a run that answers them)."""
+    """``--shards kept`` on a new machine: the features of the shards whose ids are kept, even
+    where its prompt file does not reach them, and no prompt of the others answered (their
+    shards are left to a run that answers them)."""
     from app.train.cli import run_data
+    from app.train.prompts import save_prompts
 
     args, _, first, second = _two_machines(tmp_path, monkeypatch, "1", 9)   # three shards of three prompts
     run_data(args, first)                                            # only shard 1 answered and kept
@@ -110,6 +112,7 @@ def test_shards_kept_recomputes_the_kept_shards_and_answers_no_other(tmp_path, m
         raise AssertionError("answered a prompt with --shards kept")
     monkeypatch.setattr("app.train.cli.generate_with_features", no_answers)
     args.shards = "kept"
+    save_prompts(_tiny_prompts(3), second / "prompts.jsonl")       # its prompts end before shard 1: no matter
     run_data(args, second)
     assert sorted(p.name for p in (second / "features").glob("*.safetensors")) == ["shard_00001.safetensors"]
     assert "recomputed from shard_00001.npz" in capsys.readouterr().out

@@ -160,13 +160,15 @@ def run_data(args, work: Path) -> None:
     start = time.perf_counter()
     target = None
     new_tokens = 0
-    order = list(range(n_shards))
     ids = ids_dir(args, work)
+    kept_here = set(kept_shards(ids))
+    # a kept shard needs no prompt: its ids say it all (the target-written prompts of a new
+    # machine's prompt file, e.g., may not be there at all)
+    order = sorted(set(range(n_shards)) | kept_here)
     if args.shards == "kept":          # a new machine: recompute the features of the kept ids, answer nothing
-        wanted = set(kept_shards(ids))
-        if not wanted:
+        if not kept_here:
             log(f"data: --shards kept, but no token ids are kept in {ids}")
-        order = [s for s in order if s in wanted]
+        order = [s for s in order if s in kept_here]
     elif args.shards:
         wanted = set(parse_indices(args.shards))
         order = [s for s in order if s in wanted]
