@@ -90,11 +90,11 @@ def test_a_training_run_takes_only_the_shards_asked_for(tmp_path):
     features.mkdir()
     for i in range(6):
         (features / f"shard_{i:05d}.safetensors").write_bytes(b"")
-    args = argparse.Namespace(run_name="r", shards="0,2-3", holdout=["shard_00002.safetensors"])
+    args = argparse.Namespace(run_name="r", shards="0,2-3", holdout=["shard_00002.safetensors", "shard_00005.safetensors"])
     run_dir, paths, holdout = training_shards(args, tmp_path)
     assert [p.name for p in paths] == ["shard_00000.safetensors", "shard_00003.safetensors"]
-    assert [p.name for p in holdout] == ["shard_00002.safetensors"]
+    assert [p.name for p in holdout] == ["shard_00002.safetensors", "shard_00005.safetensors"]
     (features / "shard_00001.safetensors").unlink()                     # a resumed run keeps its list
     again = training_shards(argparse.Namespace(run_name="r", shards=None, holdout=[]), tmp_path)
     assert [p.name for p in again[1]] == ["shard_00000.safetensors", "shard_00002.safetensors",
-                                          "shard_00003.safetensors"]
+                                          "shard_00003.safetensors", "shard_00005.safetensors"]

@@ -55,7 +55,7 @@ def magpie_prompts(model, tokenizer, n: int, eos_ids: set[int], *, seed: int = 0
         if empty == 3:
             raise RuntimeError(f"3 batches of {batch_size} kept no user turn ({len(out)} of {n} kept): "
                                "does this model end a user turn with one of its EOS tokens?")
-        torch.manual_seed((seed * 1_000_003 + first_id + len(out)) * 8 + empty)
+        torch.manual_seed((seed * 1_000_003 + first_id + len(out)) * 8 + empty)   # generate samples from the global RNG
         ids = prefix.repeat(batch_size, 1).to(device)             # (B, P)
         sampled = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, top_k=0, top_p=1.0,
                                  temperature=temperature, max_new_tokens=max_new_tokens,

@@ -29,9 +29,9 @@ def training_shards(args, work: Path) -> tuple[Path, list[Path], list[Path]]:
         paths = [Path(p) for p in json.loads(shards_file.read_text())]
     else:
         paths = sorted((work / "features").glob("shard_*.safetensors"))
-        if args.shards and args.shards != "kept":      # --shards: train on these shards only
+        if args.shards and args.shards != "kept":      # --shards: train on these shards only (and hold out --holdout)
             wanted = {shard_name(i) for i in parse_indices(args.shards)}
-            paths = [p for p in paths if p.stem in wanted]
+            paths = [p for p in paths if p.stem in wanted or p.name in set(args.holdout)]
         run_dir.mkdir(parents=True, exist_ok=True)
         shards_file.write_text(json.dumps([str(p) for p in paths], indent=1))
     holdout = [p for p in paths if p.name in set(args.holdout)]
