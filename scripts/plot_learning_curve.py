@@ -36,8 +36,12 @@ def figure(curve: list[dict], levels: list[tuple[str, float]], title: str, depth
                                  name=f"depth {d}", line={"color": COLOURS[d]}, marker={"size": 5}))
     for i, p in enumerate(curve):                                  # where each run (resume) began
         if i and p.get("run") != curve[i - 1].get("run"):
+            text = f"run {p['run']} (resumed)"
+            if p.get("held_out") and p["held_out"] != curve[i - 1].get("held_out"):
+                text += "<br>held out from here: " + ", ".join(s.replace("shard_", "").lstrip("0") or "0"
+                                                               for s in p["held_out"])
             fig.add_vline(x=p["tokens_seen"] / 1e6, line={"dash": "dot", "color": "#888"})
-            fig.add_annotation(x=math.log10(p["tokens_seen"] / 1e6), y=0.03, text=f"run {p['run']} (resumed)",
+            fig.add_annotation(x=math.log10(p["tokens_seen"] / 1e6), y=0.03, text=text,
                                showarrow=False, xanchor="left")
     for i, (name, value) in enumerate(levels):
         fig.add_hline(y=value, line={"dash": "dash", "color": "#555"}, annotation_text=f"{name} {value:.3f}",

@@ -27,6 +27,14 @@ def test_the_figure_draws_each_depth_against_tokens_seen_and_marks_each_run_and_
     assert [s.x0 for s in lines if s.x0 == s.x1] == [1.4]                       # run 2 began at 1.4M tokens
     assert sorted(s.y0 for s in lines if s.y0 == s.y1) == [0.686, 0.72]
     assert fig.layout.xaxis.type == "log"
+    assert [a.text for a in fig.layout.annotations if a.text.startswith("run")] == ["run 2 (resumed)"]
+
+
+def test_a_run_measured_on_other_held_out_shards_says_so():
+    moved = CURVE + [{"run": 3, "step": 100, "tokens_seen": 2_000_000, "acc1": 0.4,
+                      "held_out": ["shard_00002", "shard_00192"]}]
+    notes = [a.text for a in figure(moved, [], "t").layout.annotations if a.text.startswith("run")]
+    assert notes == ["run 2 (resumed)", "run 3 (resumed)<br>held out from here: 2, 192"]
 
 
 def test_the_script_writes_a_png_and_refuses_a_head_without_a_curve(tmp_path):

@@ -221,6 +221,7 @@ def test_the_cli_trains_an_eagle3_head_from_data_to_eval(tmp_path, monkeypatch, 
     assert second["curve"][:len(first["curve"])] == first["curve"]
     seen = [p["tokens_seen"] for p in second["curve"]]
     assert seen == sorted(seen) and seen[-1] > seen[len(first["curve"]) - 1] and second["curve"][-1]["run"] == 2
+    assert all(p["held_out"] == ["shard_00001"] for p in second["curve"][len(first["curve"]):])  # what each measured
     from safetensors import safe_open
     with safe_open(str(out / "model.safetensors"), "pt") as f:      # --head-dtype bfloat16; d2t stays integer
         assert f.get_tensor("fc.weight").dtype == torch.bfloat16 and f.get_tensor("d2t").dtype == torch.long

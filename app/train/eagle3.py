@@ -235,18 +235,21 @@ def warm_start(head, eagle2_folder: Path) -> list[str]:
     return sorted(copied)
 
 
-def learning_curve(state: dict, tokens_per_step: float, before: dict | None) -> list[dict]:
+def learning_curve(state: dict, tokens_per_step: float, before: dict | None,
+                   held_out: list[str] | None = None) -> list[dict]:
     """The run's held-out measurements as one learning curve across machines and resumes: each
     point with ``tokens_seen`` (training tokens read so far, padding excluded) and the
     minutes trained, both counted on from ``before`` (the curve of the head this run started
-    from, its training.json), whose points come first."""
+    from, its training.json), whose points come first, and the ``held_out`` shards it was
+    measured on (runs may change them: a curve's level moves with its data)."""
     prior = (before or {}).get("curve", [])
     base_tokens = prior[-1]["tokens_seen"] if prior else 0
     base_minutes = prior[-1]["minutes"] if prior else 0.0
     run = (before or {}).get("runs", 0) + 1
     points = [{"run": run, "step": v["step"], "tokens_seen": int(base_tokens + v["step"] * tokens_per_step),
                "minutes": round(base_minutes + v["seconds"] / 60, 1),
-               **{k: v[k] for k in sorted(v) if k.startswith("acc")}}
+               **{k: v[k] for k in sorted(v) if k.startswith("acc")},
+               **({"held_out": held_out} if held_out else {})}
               for v in state.get("validations", [])]
     return prior + points
 
@@ -313,7 +316,7 @@ def run_training(args, work: Path, out: Path) -> dict:
                 "held_out": None if val is None else {k: round(v, 4) for k, v in sorted(val.items())},
                 "best": state.get("best"), "select": cfg.select, "warm_start": args.warm_start, "init_from": args.init_from,
                 "ttt_steps": steps, "lr": args.lr, "batch_tokens": args.batch_tokens,
-                "curve": learning_curve(state, per_step, before)}
+                "curve": learning_curve(state, per_step, before, [p.stem for p in holdout])}
     (out / PROGRESS_FILE).write_text(json.dumps(progress, indent=1) + "\n")
     log(f"train eagle3: saved head to {out} after step {state['step']} ({state['seconds'] / 60:.1f} min)")
     return state
