@@ -3,21 +3,17 @@ tiny shape, so that it keeps working where no GPU is present (on a GPU it runs w
 --device cuda and the Llama-8B shape)."""
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
+from tests.scripts import load_script
+
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gpu_check")
 
 
 def test_gpu_check_runs_all_three_steps_on_cpu(tmp_path):

@@ -5,7 +5,6 @@ and rate-limited, a connection that never finishes its request head is closed, a
 step-mode run ends when idle or when paused runs hold too much memory."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import socket
 import time
@@ -20,10 +19,10 @@ from app.ui.blocks import build_demo, launch_kwargs
 from app.ui.limits import PublicLimits
 from app.ui.session import Session
 from app.ui.settings import AppContext, ServerConfig
+from tests.scripts import load_script
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
 QUEUE = 6
 LOOPBACK = "127.0.0.1"      # the tests play many clients through X-Forwarded-For from a trusted loopback proxy
 LIMITS = PublicLimits(sessions_max=16, sessions_per_client=5, new_sessions_per_minute=40, idle_s=3600,
@@ -32,10 +31,7 @@ LIMITS = PublicLimits(sessions_max=16, sessions_per_client=5, new_sessions_per_m
 
 
 def _loadtest():
-    spec = importlib.util.spec_from_file_location("loadtest", REPO / "scripts" / "loadtest.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("loadtest")
 
 
 class _SlowEngine(Engine):

@@ -2,23 +2,19 @@
 own greedy answers, made by the script from the set's first turns."""
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import torch
 
 from app.train.data import FeatureShard
 from app.train.evaluate import first_turns
+from tests.scripts import load_script
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "heldout_acceptance.py"
 SHIPPED_EAGLE3 = Path(__file__).resolve().parents[1] / "models" / "eagle3-smollm2-135m-instruct"
 
 
 def script():
-    spec = importlib.util.spec_from_file_location("heldout_acceptance", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("heldout_acceptance")
 
 
 def test_a_suite_shard_holds_the_targets_greedy_answers_to_its_first_turns(embedded_target, tmp_path, capsys):

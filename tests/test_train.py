@@ -17,6 +17,7 @@ from app.train.eval_overlap import EvalIndex, eval_questions, ngrams, normalise
 from app.train.prompts import Prompt, build_prompts
 from app.train.loss import LossConfig, head_loss, ttt_mask
 from app.train.trainer import FeatureDataset, TrainConfig, train, validate
+from tests.scripts import load_script
 from tests.tiny import tiny_target
 
 
@@ -552,12 +553,9 @@ def test_head_loss_reads_input_features_when_given(tiny_data):
 def test_eagle3_feature_probe_extracts_layers_and_trains_both_heads(tmp_path):
     """scripts/probe_eagle3_features.py end to end on the tiny Llama: the recorded layers are
     the target's own, and both heads train and report held-out depth-1 agreement."""
-    import importlib.util
     import json
 
-    spec = importlib.util.spec_from_file_location("probe", Path(__file__).parents[1] / "scripts/probe_eagle3_features.py")
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
+    probe = load_script("probe_eagle3_features")
     target = tiny_target(seed=0)
     target.model.save_pretrained(tmp_path / "target")
     target.tokenizer.save_pretrained(tmp_path / "target")

@@ -13,6 +13,7 @@ from app.train.data import FeatureShard, generate_with_features
 from app.train.eagle3 import Eagle3Dataset, Eagle3LossConfig, eagle3_loss, new_head, ttt_step_mask
 from app.train.loss import SubsetLMHead
 from app.train.trainer import TrainConfig, train
+from tests.scripts import load_script
 from tests.test_train import _tiny_prompts
 from tests.tiny import eagle3_target
 
@@ -232,14 +233,7 @@ def test_the_cli_trains_an_eagle3_head_from_data_to_eval(tmp_path, monkeypatch, 
 
 
 def _learning_curve_script():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "scripts" / "learning_curve.py"
-    spec = importlib.util.spec_from_file_location("learning_curve", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("learning_curve")
 
 
 def test_a_warm_start_copies_the_eagle2_tensors_whose_shapes_agree(data, tmp_path):
