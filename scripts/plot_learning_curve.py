@@ -34,19 +34,23 @@ def figure(curve: list[dict], levels: list[tuple[str, float]], title: str, depth
     for d in range(1, depth + 1):
         fig.add_trace(go.Scatter(x=x, y=[p.get(f"acc{d}") for p in curve], mode="lines+markers",
                                  name=f"depth {d}", line={"color": COLOURS[d]}, marker={"size": 5}))
+    lo, hi = min(x) / 1.25, max(x) * 1.25
+    starts = 0
     for i, p in enumerate(curve):                                  # where each run (resume) began
         if i and p.get("run") != curve[i - 1].get("run"):
             text = f"run {p['run']} (resumed)"
             if p.get("held_out") and p["held_out"] != curve[i - 1].get("held_out"):
                 text += "<br>held out from here: " + ", ".join(s.replace("shard_", "").lstrip("0") or "0"
                                                                for s in p["held_out"])
+            at = math.log10(p["tokens_seen"] / 1e6)
+            right = (at - math.log10(lo)) / (math.log10(hi) - math.log10(lo)) > 0.7   # near the edge: text to the left
             fig.add_vline(x=p["tokens_seen"] / 1e6, line={"dash": "dot", "color": "#888"})
-            fig.add_annotation(x=math.log10(p["tokens_seen"] / 1e6), y=0.03, text=text,
-                               showarrow=False, xanchor="left")
+            fig.add_annotation(x=at, y=0.03 + 0.09 * (starts % 2), text=text, showarrow=False,   # alternate heights
+                               xanchor="right" if right else "left")
+            starts += 1
     for i, (name, value) in enumerate(levels):
         fig.add_hline(y=value, line={"dash": "dash", "color": "#555"}, annotation_text=f"{name} {value:.3f}",
                       annotation_position="top left" if i % 2 else "bottom left")
-    lo, hi = min(x) / 1.25, max(x) * 1.25
     ticks = [t for t in TICKS if lo <= t <= hi]
     fig.update_layout(title=title, width=900, height=480, template="plotly_white",
                       xaxis={"title": "training tokens seen (millions, log scale)", "type": "log",
