@@ -50,6 +50,8 @@ def main() -> int:
     target = load_target(None, device="cpu", dtype="float32")
     with tempfile.TemporaryDirectory(prefix="suite-acceptance-") as tmp:   # the suites' answers, removed after
         data = {"held-out shards": [Path(s) for s in args.shard]} if args.shard else {}
+        from app.train.evaluate import EVAL_SETS
+
         for name in (EVAL_SETS if "all" in args.suite else args.suite):
             data[name] = [suite_shard(target, name, args.limit, args.max_new_tokens, Path(tmp))]
         report(target, data, args.heads, args.depth)
@@ -62,18 +64,16 @@ def report(target, data: dict[str, list[Path]], folders: list[str], depth: int) 
     from app.engine.loading import load_draft_vocab
     from app.train.evaluate import held_out_acceptance
 
-    heads = [(folder, load_head(Path(folder), target.model.config.num_hidden_layers)) for folder in folders]
+    heads = [(folder, load_head(Path(folder), target.model.config.num_hidden_layers),
+              load_draft_vocab(Path(folder), target.model.config.vocab_size))   # EAGLE-1/2's; EAGLE-3 has its own
+             for folder in folders]
     print("| data | head | kind | " + " | ".join(f"acc{d}" for d in range(1, depth + 1)) + " |")
     print("|---|---|---|" + "---|" * depth)
     for label, shards in data.items():
-        for folder, head in heads:
-            vocab = load_draft_vocab(Path(folder), target.model.config.vocab_size)   # EAGLE-1/2's; EAGLE-3 has its own
+        for folder, head, vocab in heads:
             stats = held_out_acceptance(head, target.model, shards, depth, vocab_ids=vocab)
             accs = " | ".join(f"{stats.get(f'acc{d}', float('nan')):.3f}" for d in range(1, depth + 1))
             print(f"| {label} | {folder} | {getattr(head, 'kind', 'eagle2')} | {accs} |", flush=True)
-
-
-EVAL_SETS = ("alpaca", "gsm8k", "humaneval", "mt_bench", "qa", "sum")
 
 
 def suite_shard(target, name: str, limit: int, max_new_tokens: int, folder: Path) -> Path:
