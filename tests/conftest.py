@@ -15,13 +15,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 # Gradio's temporary folder (uploads, traces) per test process: the upload-budget tests count
 # and prune what that folder holds, and another pytest-xdist worker's traces appearing or
-# going there between a test's measurement and its upload made them flaky.
-if "GRADIO_TEMP_DIR" not in os.environ:
+# going there between a test's measurement and its upload made them flaky. The workers inherit
+# the controller's environment, so a folder this file made in the controller is not reused:
+# only a GRADIO_TEMP_DIR the user set is.
+if os.environ.get("GRADIO_TEMP_DIR") in (None, os.environ.get("EAGLE_LENS_TEST_GRADIO_TEMP_DIR")):
     import atexit
     import shutil
     import tempfile
 
     os.environ["GRADIO_TEMP_DIR"] = tempfile.mkdtemp(prefix=f"gradio-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-")
+    os.environ["EAGLE_LENS_TEST_GRADIO_TEMP_DIR"] = os.environ["GRADIO_TEMP_DIR"]
     atexit.register(shutil.rmtree, os.environ["GRADIO_TEMP_DIR"], ignore_errors=True)
 
 from tests.tiny import E2E_VOCAB, tiny_target, trained_head, trained_medusa  # noqa: E402

@@ -376,6 +376,17 @@ def test_polls_for_unknown_sessions_are_answered_briefly_and_rate_limited(serve,
     assert "Traceback" not in capfd.readouterr().err
 
 
+def test_each_test_process_counts_uploads_in_a_folder_of_its_own():
+    """The upload-budget tests measure what Gradio's temporary folder holds, then upload: a
+    second pytest-xdist worker sharing that folder changes it in between. Each process makes
+    its own unless the user set GRADIO_TEMP_DIR."""
+    folder = os.environ["GRADIO_TEMP_DIR"]
+    if folder != os.environ.get("EAGLE_LENS_TEST_GRADIO_TEMP_DIR"):
+        pytest.skip("GRADIO_TEMP_DIR set by the user: theirs to share")
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    assert os.path.basename(folder).startswith(f"gradio-{worker}-"), (worker, folder)
+
+
 def test_only_the_apps_own_uploads_are_pruned(serve):
     """Uploads go to the app's own folder; when the upload space is over budget the oldest of
     *its* files go, never another file in Gradio's shared temporary folder."""
