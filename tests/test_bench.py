@@ -175,20 +175,25 @@ def test_pooling_and_table():
     assert "| dynamic | 24/5/8 | 40.0 | 2.00 | 2.00 | 2.86 | 71 | 20% / 60% / 20% | 30 | 0.79 0.27 | 1 of 2 |" in md
 
 
-@pytest.mark.parametrize("draft_vocab", [None, 40])
-def test_profile_step_parts_add_up_to_the_step(draft_vocab):
+@pytest.mark.parametrize("head_kind", ["eagle", "eagle-draft-vocab", "eagle3"])
+def test_profile_step_parts_add_up_to_the_step(head_kind):
     """The per-verb step profiler on a tiny engine: every part is measured, the parts add up
     to the step, and the engine is left unwrapped afterwards (its own decoder back in place).
-    With a reduced draft vocabulary the draft's LM head is still counted as the draft LM head."""
+    With a reduced draft vocabulary, or an EAGLE-3 head's own LM head, the draft's LM head is
+    still counted as the draft LM head."""
     import torch
 
     from app.bench.profile_step import PARTS, format_profile, profile_tree
     from app.engine.engine import Engine
-    from tests.tiny import random_head, tiny_target
+    from tests.tiny import eagle3_target, random_eagle3_head, random_head, tiny_target
 
-    target = tiny_target()
-    vocab = None if draft_vocab is None else torch.arange(draft_vocab)
-    engine = Engine(target, random_head(target), draft_vocab=vocab)
+    if head_kind == "eagle3":
+        target = eagle3_target()
+        engine = Engine(target, random_eagle3_head(target))
+    else:
+        target = tiny_target()
+        vocab = torch.arange(40) if head_kind == "eagle-draft-vocab" else None
+        engine = Engine(target, random_head(target), draft_vocab=vocab)
     decoder, forward = engine.decoder, engine.draft_model.forward
     t = profile_tree(engine, TreeConfig(total_tokens=12, depth=3, top_k=4), "w5 w6 w7 w8", steps=3)
     assert t["steps"] == 3

@@ -45,17 +45,19 @@ _VERBS = {"draft": ("draft: head forwards", "draft: LM head", "draft: tree polic
           "accept": ("accept",), "commit": ("commit",), "record_tree": ("record",)}
 
 
-class _TimedDecoder:
-    """The engine's decoder with its call timed; its other methods (prefill, logits) as they are."""
+class _TimedCall:
+    """A callable model part with its call timed and its other methods as they are: the
+    engine's decoder (prefill, logits) or the head's forward (an EAGLE-3 head's own
+    ``logits``, timed apart as the draft's LM head)."""
 
-    def __init__(self, decoder, timed_call):
-        self._decoder, self._call = decoder, timed_call
+    def __init__(self, part, timed_call):
+        self._part, self._call = part, timed_call
 
     def __call__(self, *a, **kw):
         return self._call(*a, **kw)
 
     def __getattr__(self, name):
-        return getattr(self._decoder, name)
+        return getattr(self._part, name)
 
 
 class StepProfiler:
@@ -104,9 +106,9 @@ class StepProfiler:
 
         draft = e.draft_model        # what the head drafts with (app/engine/draft_model.py)
         if e.head is not None:       # the head itself, or its forward on the fast kernels
-            wrap(draft, "forward", self._timed(draft.forward, "draft: head forwards"))
+            wrap(draft, "forward", _TimedCall(draft.forward, self._timed(draft.forward, "draft: head forwards")))
         wrap(draft, "logits", self._timed(draft.logits, "draft: LM head"))
-        wrap(e, "decoder", _TimedDecoder(e.decoder, self._timed(e.decoder, "verify: target forward")))
+        wrap(e, "decoder", _TimedCall(e.decoder, self._timed(e.decoder, "verify: target forward")))
         for verb, parts in _VERBS.items():
             wrap(e, verb, self._verb(getattr(e, verb), parts))
         try:
