@@ -4,6 +4,7 @@ against fixed trees, interleaved prompt by prompt over the evaluation suites.
     python scripts/adaptive_ab.py --baseline 9823580 --limit 4 --threads 2
     python scripts/adaptive_ab.py --draft-weights head --fixed 3/2/2,4/2/8 --limit 2
     python scripts/adaptive_ab.py --max-chain 3 --fixed 3/3/1 --limit 2
+    python scripts/adaptive_ab.py --head eagle3 --candidates vanilla,1/1/1,2/2/1,3/3/1,3/2/2,4/2/2,8/4/2 --limit 2
     python scripts/adaptive_ab.py --kernels HEAD --limit 4          # the same methods on HEAD's kernels
     python scripts/adaptive_ab.py --variant decay=0.1 --variant explore_every=24 --limit 4
     python scripts/adaptive_ab.py --candidates vanilla,2/2/1,3/2/2 --limit 4   # a smaller candidate set
@@ -87,11 +88,13 @@ def main() -> int:
                         "with the default's prompt-lookup branch; repeatable")
     p.add_argument("--kernels", default=None, metavar="REV",
                    help="also run vanilla, adaptive and the fixed trees on the kernels of this git revision or .c file")
+    p.add_argument("--head", default=None,
+                   help="draft head: a shipped name (eagle2, eagle3) or a folder (default: the shipped EAGLE-2 head)")
     p.add_argument("--draft-weights", choices=("head",), default=None,
                    help="also run the adaptive and fixed trees with the draft on the head's own weights")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    engine, _ = load_engine(None, None, "cpu", args.dtype)
+    engine, _ = load_engine(None, args.head, "cpu", args.dtype)
     start, adapter, _ = adapt.adapter_for(engine, TreeConfig(), measure=True)
     lookup = adapt.auto_lookup(engine)
     methods = {"vanilla": lambda: (engine, adapt.VANILLA, None),
