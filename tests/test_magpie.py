@@ -79,7 +79,7 @@ def test_the_prompt_stage_appends_target_turns_in_shards_of_their_own(tmp_path):
     assert [p.id for p in again] == [p.id for p in prompts] and again[:9] == prompts[:9]
     assert len({normalise(p.text) for p in again[8:]}) == 3
     (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(p.__dict__) + "\n" for p in prompts[:7]))
-    with pytest.raises(SystemExit, match="7 template prompts, not a multiple of --shard-size"):
+    with pytest.raises(SystemExit, match="7 prompts before them, not a multiple of --shard-size"):
         run_prompts(argparse.Namespace(**{**vars(args), "num_prompts": 7}), tmp_path)
 
 

@@ -46,6 +46,7 @@ from app.train.evaluate import run_eval
 from app.train.medusa import run_medusa_training
 from app.train.options import STAGES, add_arguments, check, complete, parse_indices  # noqa: F401  (add_arguments: the CLI's entry)
 from app.train.eval_overlap import EVAL_DIR, EvalIndex, normalise
+from app.train.documents import CATEGORY as DOCUMENTS, document_prompts, kept_answers
 from app.train.magpie import CATEGORY as MAGPIE, magpie_prompts
 from app.train.prompts import build_prompts, load_prompts, save_prompts
 from app.train.heap import kept_heap
@@ -110,8 +111,9 @@ def main(args: argparse.Namespace) -> int:
 
 def run_prompts(args, work: Path) -> None:
     """The template prompts (``prompts.py``), then ``--magpie-prompts`` user turns written by
-    the target itself (``magpie.py``) appended after them, batch by batch (a run cut short
-    continues where it stopped)."""
+    the target itself (``magpie.py``), then ``--document-prompts`` tasks over documents made of
+    the kept answers (``documents.py``), each kind appended in shards of its own (a run cut
+    short continues where it stopped)."""
     args = complete(args)
     path = work / "prompts.jsonl"
     prompts = load_prompts(path) if path.is_file() else []
@@ -121,16 +123,27 @@ def run_prompts(args, work: Path) -> None:
         prompts = build_prompts(args.num_prompts, seed=args.seed)
         save_prompts(prompts, path)
         log(f"prompts: wrote {len(prompts)} to {path}")
+    prompts = _append_magpie(args, work, path, prompts)
+    _append_documents(args, work, path, prompts)
+
+
+def _starts_a_shard(args, path: Path, prompts: list, have: int, kind: str) -> None:
+    """A new kind of prompt starts a shard of its own: refuse a prompt file that would mix it
+    into the previous kind's last shard."""
+    before = len(prompts) - have
+    if before % args.shard_size:
+        raise SystemExit(f"prompts: {kind} start a shard of their own, but {path} holds {before} prompts "
+                         f"before them, not a multiple of --shard-size {args.shard_size}")
+
+
+def _append_magpie(args, work: Path, path: Path, prompts: list) -> list:
     have = sum(p.category == MAGPIE for p in prompts)
     if have >= args.magpie_prompts:
-        return
-    templates = len(prompts) - have
-    if templates % args.shard_size:
-        raise SystemExit(f"prompts: the target's own prompts start a shard of their own, but {path} holds "
-                         f"{templates} template prompts, not a multiple of --shard-size {args.shard_size}")
+        return prompts
+    _starts_a_shard(args, path, prompts, have, "the target's own prompts")
     target = loading.load_target(args.base_model, device=args.device, dtype=data_dtype(args))
     log(f"prompts: the target writes {args.magpie_prompts - have} more user turns (shards "
-        f"{templates // args.shard_size} on)")
+        f"{(len(prompts) - have) // args.shard_size} on)")
     start, written = time.perf_counter(), [have]
 
     def save(batch):                  # append each batch as it comes: a run cut short keeps what it wrote
@@ -140,9 +153,26 @@ def run_prompts(args, work: Path) -> None:
         log(f"prompts: {written[0]} of {args.magpie_prompts} written by the target "
             f"({(time.perf_counter() - start) / 60:.1f} min)")
 
-    magpie_prompts(target.model, target.tokenizer, args.magpie_prompts - have, target.eos_ids, seed=args.seed,
-                   first_id=len(prompts), batch_size=args.shard_size, eval_index=EvalIndex.from_dir(EVAL_DIR),
-                   seen={normalise(p.text) for p in prompts}, on_batch=save)
+    new = magpie_prompts(target.model, target.tokenizer, args.magpie_prompts - have, target.eos_ids, seed=args.seed,
+                         first_id=len(prompts), batch_size=args.shard_size, eval_index=EvalIndex.from_dir(EVAL_DIR),
+                         seen={normalise(p.text) for p in prompts}, on_batch=save)
+    return prompts + new
+
+
+def _append_documents(args, work: Path, path: Path, prompts: list) -> None:
+    have = sum(p.category == DOCUMENTS for p in prompts)
+    if have >= args.document_prompts:
+        return
+    _starts_a_shard(args, path, prompts, have, "the document prompts")
+    target = loading.load_target(args.base_model, device=args.device, dtype=data_dtype(args))   # its tokenizer, EOS
+    held_out = {int(name.split("_")[1].split(".")[0]) for name in args.holdout}
+    answers = kept_answers(ids_dir(args, work), target.tokenizer, target.eos_ids, exclude=held_out)
+    new = document_prompts(answers, args.document_prompts - have, seed=args.seed, first_id=len(prompts),
+                           eval_index=EvalIndex.from_dir(EVAL_DIR), seen={normalise(p.text) for p in prompts})
+    with path.open("a") as f:
+        f.write("".join(json.dumps(p.__dict__) + "\n" for p in new))
+    log(f"prompts: {len(new)} tasks over documents of {len(answers)} kept answers (held-out shards "
+        f"{sorted(held_out) or 'none'} left out), shards {(len(prompts) - have) // args.shard_size} on")
 
 
 def data_dtype(args) -> str:

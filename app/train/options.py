@@ -38,6 +38,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="stage prompts: also this many user turns written by the target itself (Magpie: fed the "
                         "chat template up to a user turn, it samples one; app/train/magpie.py), after the "
                         "--num-prompts template prompts, in shards of their own")
+    p.add_argument("--document-prompts", type=int, default=0,
+                   help="stage prompts: also this many tasks (summarise, list the main points, ...) over "
+                        "documents of 350-1,100 tokens made of the kept answers (app/train/documents.py; "
+                        "the --holdout shards' answers left out), after the other prompts, in shards of their own")
     p.add_argument("--data-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                    help="dtype of the target while answering (features are stored as float16); auto: bfloat16 "
                         "on a GPU or a CPU with native bf16 (AMX / AVX512-BF16), else float32 (emulated bf16 "
