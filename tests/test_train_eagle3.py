@@ -62,6 +62,22 @@ def test_eagle2_shards_are_refused_for_eagle3_training(tmp_path):
         Eagle3Dataset([path])
 
 
+def test_an_eagle2_head_trains_on_eagle3_shards_without_their_layer_inputs(data):
+    """The same shards serve both heads (a fair comparison trains them on the same data):
+    EAGLE-2's dataset holds the same tokens and last-layer features, and leaves the layer
+    inputs (3/4 of an EAGLE-3 shard) on disk."""
+    from app.train.trainer import FeatureDataset
+
+    _, e3 = data
+    e2 = FeatureDataset(e3.paths)
+    assert all(sh.layer_features is None for sh in e2.shards)
+    assert all(sh.layer_features is not None for sh in e3.shards)
+    for a, b in zip(e2.shards, e3.shards):
+        assert torch.equal(a.tokens, b.tokens) and torch.equal(a.features, b.features)
+    batch = e2.collate(e2.batches(0, 0, 256)[0])
+    assert "layer_features" not in batch and batch["features"].shape[-1] == e3.shards[0].features.shape[-1]
+
+
 def test_ttt_step_mask_sees_the_committed_pairs_and_the_drafted_ancestors():
     assert torch.equal(ttt_step_mask(0, 4), torch.ones(4, 4, dtype=torch.bool).tril())
     m = ttt_step_mask(2, 4)                                  # (4, 12): step-0, step-1, step-2 keys

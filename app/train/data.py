@@ -215,9 +215,11 @@ class FeatureShard:
         tmp.rename(path)
 
     @classmethod
-    def load(cls, path: Path) -> "FeatureShard":
+    def load(cls, path: Path, layer_features: bool = True) -> "FeatureShard":
+        """The shard at ``path``; ``layer_features=False`` leaves EAGLE-3's stored layer inputs
+        on disk (3/4 of such a shard, which an EAGLE-2 or Medusa head never reads)."""
         with safe_open(str(path), framework="pt") as f:
-            d = {k: f.get_tensor(k) for k in f.keys()}
+            d = {k: f.get_tensor(k) for k in f.keys() if layer_features or k != "layer_features"}
             meta = f.metadata() or {}
         layers = tuple(int(i) for i in meta["layers"].split(",")) if meta.get("layers") else ()
         return cls(tokens=d["tokens"], features=d["features"], offsets=d["offsets"],

@@ -74,6 +74,8 @@ class Eagle3Dataset(FeatureDataset):
     """FeatureDataset whose batches also carry ``layer_features`` (B, T, 3H): the stored
     inputs of the target layers the head reads."""
 
+    LAYER_FEATURES = True
+
     def __init__(self, paths: list[Path]):
         super().__init__(paths)
         layers = {sh.layers for sh in self.shards}

@@ -24,13 +24,18 @@ from app.train.loss import LossConfig, SubsetLMHead, head_loss
 # --- data ----------------------------------------------------------------------------------
 
 class FeatureDataset:
-    """All conversations of a list of feature shards, held in memory as stored (float16)."""
+    """All conversations of a list of feature shards, held in memory as stored (float16).
+    The last layer's features only: EAGLE-3's layer inputs, where a shard has them, stay on
+    disk (``Eagle3Dataset`` reads them), so an EAGLE-2 head trains on EAGLE-3 data in a
+    quarter of the memory."""
+
+    LAYER_FEATURES = False
 
     def __init__(self, paths: list[Path]):
         if not paths:
             raise FileNotFoundError("no feature shards to train on: run `python -m app train --stage data` first")
         self.paths = [Path(p) for p in paths]
-        self.shards = [FeatureShard.load(p) for p in self.paths]
+        self.shards = [FeatureShard.load(p, layer_features=self.LAYER_FEATURES) for p in self.paths]
         self.index = [(si, s) for si, sh in enumerate(self.shards) for s in range(len(sh))]
         self.lengths = torch.tensor([int(self.shards[si].offsets[s + 1] - self.shards[si].offsets[s])
                                      for si, s in self.index])
