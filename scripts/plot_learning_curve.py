@@ -45,7 +45,7 @@ def figure(curve: list[dict], levels: list[tuple[str, float]], title: str, depth
             at = math.log10(p["tokens_seen"] / 1e6)
             right = (at - math.log10(lo)) / (math.log10(hi) - math.log10(lo)) > 0.7   # near the edge: text to the left
             fig.add_vline(x=p["tokens_seen"] / 1e6, line={"dash": "dot", "color": "#888"})
-            fig.add_annotation(x=at, y=0.03 + 0.09 * (starts % 2), text=text, showarrow=False,   # alternate heights
+            fig.add_annotation(x=at, y=0.03 + 0.09 * (starts % 3), text=text, showarrow=False,   # three heights in turn
                                xanchor="right" if right else "left")
             starts += 1
     for i, (name, value) in enumerate(levels):
