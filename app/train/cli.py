@@ -143,7 +143,7 @@ def _append_magpie(args, work: Path, path: Path, prompts: list) -> list:
     _starts_a_shard(args, path, prompts, have, "the target's own prompts")
     target = loading.load_target(args.base_model, device=args.device, dtype=data_dtype(args))
     log(f"prompts: the target writes {args.magpie_prompts - have} more user turns (shards "
-        f"{(len(prompts) - have) // args.shard_size} on)")
+        f"{len(prompts) // args.shard_size} on)")
     start, written = time.perf_counter(), [have]
 
     def save(batch):                  # append each batch as it comes: a run cut short keeps what it wrote
@@ -172,7 +172,7 @@ def _append_documents(args, work: Path, path: Path, prompts: list) -> None:
     with path.open("a") as f:
         f.write("".join(json.dumps(p.__dict__) + "\n" for p in new))
     log(f"prompts: {len(new)} tasks over documents of {len(answers)} kept answers (held-out shards "
-        f"{sorted(held_out) or 'none'} left out), shards {(len(prompts) - have) // args.shard_size} on")
+        f"{sorted(held_out) or 'none'} left out), shards {len(prompts) // args.shard_size} on")
 
 
 def data_dtype(args) -> str:
