@@ -123,7 +123,7 @@ def run_prompts(args, work: Path) -> None:
         prompts = build_prompts(args.num_prompts, seed=args.seed)
         save_prompts(prompts, path)
         log(f"prompts: wrote {len(prompts)} to {path}")
-    prompts = _append_magpie(args, work, path, prompts)
+    prompts = _append_magpie(args, path, prompts)
     _append_documents(args, work, path, prompts)
 
 
@@ -136,7 +136,7 @@ def _starts_a_shard(args, path: Path, prompts: list, have: int, kind: str) -> No
                          f"before them, not a multiple of --shard-size {args.shard_size}")
 
 
-def _append_magpie(args, work: Path, path: Path, prompts: list) -> list:
+def _append_magpie(args, path: Path, prompts: list) -> list:
     have = sum(p.category == MAGPIE for p in prompts)
     if have >= args.magpie_prompts:
         return prompts
