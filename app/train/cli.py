@@ -40,7 +40,7 @@ from app.engine.loading import (DEFAULT_HEAD_DIR, DEFAULT_MEDUSA_DIR, EMBEDDED_A
                                 resolve_model_source)
 from app.engine.sources import SHIPPED_HEADS
 from app.engine.precision import bf16_is_native
-from app.train.data import generate_with_features, log, shard_name
+from app.train.data import generate_with_features, log, shard_index, shard_name
 from app.train.eagle3 import run_training as run_eagle3_training
 from app.train.evaluate import run_eval
 from app.train.medusa import run_medusa_training
@@ -165,7 +165,7 @@ def _append_documents(args, work: Path, path: Path, prompts: list) -> None:
         return
     _starts_a_shard(args, path, prompts, have, "the document prompts")
     target = loading.load_target(args.base_model, device=args.device, dtype=data_dtype(args))   # its tokenizer, EOS
-    held_out = {int(name.split("_")[1].split(".")[0]) for name in args.holdout}
+    held_out = {shard_index(name) for name in args.holdout}
     answers = kept_answers(ids_dir(args, work), target.tokenizer, target.eos_ids, exclude=held_out)
     new = document_prompts(answers, args.document_prompts - have, seed=args.seed, first_id=len(prompts),
                            eval_index=EvalIndex.from_dir(EVAL_DIR), seen={normalise(p.text) for p in prompts})

@@ -54,6 +54,11 @@ def shard_name(index: int) -> str:
     return f"shard_{index:05d}"
 
 
+def shard_index(name: str) -> int:
+    """``shard_name``'s inverse, for any file of the shard: "shard_00012.safetensors" -> 12."""
+    return int(Path(name).name.split(".")[0].rsplit("_", 1)[1])
+
+
 def chat_ids(tokenizer, text: str) -> list[int]:
     """The prompt exactly as the engine encodes it (one user turn, generation prompt added)."""
     if getattr(tokenizer, "chat_template", None):

@@ -23,7 +23,8 @@ import numpy as np
 import torch
 
 from app.train.eval_overlap import EvalIndex, normalise
-from app.train.prompts import Prompt
+from app.train.data import shard_name
+from app.train.prompts import Prompt, _int, _pick   # the template generators' seeded draws
 from app.train.token_store import IdShard, kept_shards
 
 CATEGORY = "documents"
@@ -56,7 +57,7 @@ def kept_answers(ids_dir: Path, tokenizer, eos_ids: set[int], exclude: set[int] 
     for index in kept_shards(ids_dir):
         if index in exclude:
             continue
-        ids = IdShard.load(Path(ids_dir) / f"shard_{index:05d}.npz")
+        ids = IdShard.load(Path(ids_dir) / f"{shard_name(index)}.npz")
         for conv, prompt_len in zip(ids.conversations(), ids.prompt_lens):
             response = conv[int(prompt_len):].astype(np.int64).tolist()
             if not response or response[-1] not in eos_ids or len(response) - 1 < MIN_ANSWER_TOKENS:
@@ -84,11 +85,11 @@ def document_prompts(answers: list[tuple[str, int]], n: int, *, seed: int = 0, f
     for i in range(first_id, first_id + n):
         g = torch.Generator().manual_seed(seed * 1_000_003 + i)
         for _ in range(100):
-            target = int(torch.randint(min_tokens, max_tokens + 1, (1,), generator=g))
+            target = _int(min_tokens, max_tokens, g)
             pieces, tokens, draws = [], 0, 0
             while tokens < target and len(pieces) < MAX_PIECES and draws < 4 * MAX_PIECES:
                 draws += 1
-                text, count = answers[int(torch.randint(len(answers), (1,), generator=g))]
+                text, count = _pick(answers, g)
                 added = count + (1 if pieces else 0)             # the blank line between two pieces
                 if tokens + added > max_tokens:
                     continue                                     # does not fit: draw another
@@ -96,7 +97,7 @@ def document_prompts(answers: list[tuple[str, int]], n: int, *, seed: int = 0, f
                 tokens += added
             if not min_tokens <= tokens <= max_tokens:
                 continue
-            task = TASKS[int(torch.randint(len(TASKS), (1,), generator=g))]
+            task = _pick(TASKS, g)
             prompt = task.format(doc="\n\n".join(pieces))
             key = normalise(prompt)
             if key in seen or (eval_index is not None and eval_index.overlaps(prompt)):

@@ -31,7 +31,7 @@ import torch
 from filelock import FileLock
 
 from app.engine.fused import layer_inputs
-from app.train.data import FeatureShard
+from app.train.data import FeatureShard, shard_index
 
 SUMS_FILE = "SHA256SUMS"
 
@@ -89,7 +89,7 @@ def id_path(ids_dir: Path, feature_path: Path) -> Path:
 
 def kept_shards(ids_dir: Path) -> list[int]:
     """The indices of the shards whose token ids are kept in ``ids_dir`` (``shard_00012.npz`` -> 12)."""
-    return sorted(int(p.stem.rsplit("_", 1)[1]) for p in Path(ids_dir).glob("shard_*.npz"))
+    return sorted(shard_index(p.name) for p in Path(ids_dir).glob("shard_*.npz"))
 
 
 # --- checksums -------------------------------------------------------------------------------
