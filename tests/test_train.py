@@ -170,6 +170,40 @@ def test_batched_answers_equal_answers_decoded_alone_while_finished_rows_leave_t
         torch.testing.assert_close(feats, ref_feats, atol=2e-2, rtol=2e-3)  # float16 storage
 
 
+def _dataset_of_lengths(tmp_path, lengths: list[int]) -> FeatureDataset:
+    """A FeatureDataset of one shard whose conversations have these lengths (2-token prompts)."""
+    offsets = torch.tensor([0] + lengths).cumsum(0)
+    n = int(offsets[-1])
+    shard = FeatureShard(tokens=torch.zeros(n, dtype=torch.int32), features=torch.zeros(n, 4, dtype=torch.float16),
+                         offsets=offsets, prompt_lens=torch.full((len(lengths),), 2))
+    shard.save(tmp_path / "shard_00000.safetensors")
+    return FeatureDataset([tmp_path / "shard_00000.safetensors"])
+
+
+def test_long_conversations_go_fewer_to_a_batch_and_short_ones_batch_by_tokens_alone(tmp_path):
+    from app.train import trainer
+    g = torch.Generator().manual_seed(0)
+    short = torch.randint(40, 700, (150,), generator=g).tolist()        # as the template conversations
+    long_ = torch.randint(1000, 1400, (40,), generator=g).tolist()      # as the document tasks
+    data = _dataset_of_lengths(tmp_path, short + long_)
+    budget = 4096
+    batches = data.batches(0, 0, budget)
+    assert sorted(i for b in batches for i in b) == list(range(len(data)))     # each conversation once
+    for b in batches:
+        longest = max(int(data.lengths[i]) for i in b)
+        assert len(b) * longest <= budget
+        assert len(b) * longest ** 2 <= budget * trainer.ATTENTION_LENGTH
+    alone = [b for b in batches if max(int(data.lengths[i]) for i in b) > 1254]
+    assert alone and all(len(b) == 1 for b in alone)                            # 2 x 1,255^2 > 4,096 x 768
+    only_short = _dataset_of_lengths(tmp_path / "s", short)
+    by_tokens = [b for b in only_short.batches(0, 0, budget)]
+    trainer.ATTENTION_LENGTH, before = 10 ** 9, trainer.ATTENTION_LENGTH     # the token cap alone
+    try:
+        assert only_short.batches(0, 0, budget) == by_tokens
+    finally:
+        trainer.ATTENTION_LENGTH = before
+
+
 # --- training ----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,15 @@ from app.train.loss import LossConfig, SubsetLMHead, head_loss
 
 # --- data ----------------------------------------------------------------------------------
 
+# A step's attention scores are (B, heads, L, L) per layer and training-time-test step, so its
+# memory grows with B·L² where the batch's tokens grow with B·L: a batch of 2 document tasks of
+# 1,400 tokens held ~3x the scores of one of 13 conversations of 300, and a run on 3M tokens of
+# features went out of memory on the 24 GB VM. Capping B·L² at batch_tokens x 768 leaves every
+# batch of conversations up to 768 tokens as it was (all template and target-written ones here
+# are shorter: 737 at most) and puts longer ones fewer to a batch (one of 1,400 tokens alone).
+ATTENTION_LENGTH = 768
+
+
 class FeatureDataset:
     """All conversations of a list of feature shards, held in memory as stored (float16).
     The last layer's features only: EAGLE-3's layer inputs, where a shard has them, stay on
@@ -52,7 +61,8 @@ class FeatureDataset:
     def batches(self, epoch: int, seed: int, batch_tokens: int) -> list[list[int]]:
         """The epoch's batches: a seeded shuffle, then conversations of similar length grouped
         (sorted within windows of 64) so that padding stays small, each batch holding at most
-        ``batch_tokens`` padded tokens; the batch order is shuffled again."""
+        ``batch_tokens`` padded tokens and ``batch_tokens * ATTENTION_LENGTH`` query-key pairs
+        (below); the batch order is shuffled again."""
         g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
         perm = torch.randperm(len(self), generator=g, device="cpu").tolist()
         out: list[list[int]] = []
@@ -61,7 +71,8 @@ class FeatureDataset:
             cur: list[int] = []
             for k in window:
                 longest = max([int(self.lengths[c]) for c in cur] + [int(self.lengths[k])])
-                if cur and (len(cur) + 1) * longest > batch_tokens:
+                rows = len(cur) + 1
+                if cur and (rows * longest > batch_tokens or rows * longest ** 2 > batch_tokens * ATTENTION_LENGTH):
                     out.append(cur)
                     cur = []
                 cur.append(k)
