@@ -62,7 +62,7 @@ class FeatureDataset:
         """The epoch's batches: a seeded shuffle, then conversations of similar length grouped
         (sorted within windows of 64) so that padding stays small, each batch holding at most
         ``batch_tokens`` padded tokens and ``batch_tokens * ATTENTION_LENGTH`` query-key pairs
-        (below); the batch order is shuffled again."""
+        (see ``ATTENTION_LENGTH``); the batch order is shuffled again."""
         g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
         perm = torch.randperm(len(self), generator=g, device="cpu").tolist()
         out: list[list[int]] = []
