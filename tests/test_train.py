@@ -180,7 +180,7 @@ def _dataset_of_lengths(tmp_path, lengths: list[int]) -> FeatureDataset:
     return FeatureDataset([tmp_path / "shard_00000.safetensors"])
 
 
-def test_long_conversations_go_fewer_to_a_batch_and_short_ones_batch_by_tokens_alone(tmp_path):
+def test_long_conversations_go_fewer_to_a_batch_and_short_ones_batch_by_tokens_alone(tmp_path, monkeypatch):
     from app.train import trainer
     g = torch.Generator().manual_seed(0)
     short = torch.randint(40, 700, (150,), generator=g).tolist()        # as the template conversations
@@ -196,12 +196,9 @@ def test_long_conversations_go_fewer_to_a_batch_and_short_ones_batch_by_tokens_a
     alone = [b for b in batches if max(int(data.lengths[i]) for i in b) > 1254]
     assert alone and all(len(b) == 1 for b in alone)                            # 2 x 1,255^2 > 4,096 x 768
     only_short = _dataset_of_lengths(tmp_path / "s", short)
-    by_tokens = [b for b in only_short.batches(0, 0, budget)]
-    trainer.ATTENTION_LENGTH, before = 10 ** 9, trainer.ATTENTION_LENGTH     # the token cap alone
-    try:
-        assert only_short.batches(0, 0, budget) == by_tokens
-    finally:
-        trainer.ATTENTION_LENGTH = before
+    capped = only_short.batches(0, 0, budget)
+    monkeypatch.setattr(trainer, "ATTENTION_LENGTH", 10 ** 9)                  # the token cap alone
+    assert only_short.batches(0, 0, budget) == capped
 
 
 # --- training ----------------------------------------------------------------------------
