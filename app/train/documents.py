@@ -24,7 +24,7 @@ import torch
 
 from app.train.eval_overlap import EvalIndex, normalise
 from app.train.data import shard_name
-from app.train.prompts import Prompt, _int, _pick   # the template generators' seeded draws
+from app.train.prompts import Prompt, draw_int, pick   # the template generators' seeded draws
 from app.train.token_store import IdShard, kept_shards
 
 CATEGORY = "documents"
@@ -85,11 +85,11 @@ def document_prompts(answers: list[tuple[str, int]], n: int, *, seed: int = 0, f
     for i in range(first_id, first_id + n):
         g = torch.Generator().manual_seed(seed * 1_000_003 + i)
         for _ in range(100):
-            target = _int(min_tokens, max_tokens, g)
+            target = draw_int(min_tokens, max_tokens, g)
             pieces, tokens, draws = [], 0, 0
             while tokens < target and len(pieces) < MAX_PIECES and draws < 4 * MAX_PIECES:
                 draws += 1
-                text, count = _pick(answers, g)
+                text, count = pick(answers, g)
                 added = count + (1 if pieces else 0)             # the blank line between two pieces
                 if tokens + added > max_tokens:
                     continue                                     # does not fit: draw another
@@ -97,7 +97,7 @@ def document_prompts(answers: list[tuple[str, int]], n: int, *, seed: int = 0, f
                 tokens += added
             if not min_tokens <= tokens <= max_tokens:
                 continue
-            task = _pick(TASKS, g)
+            task = pick(TASKS, g)
             prompt = task.format(doc="\n\n".join(pieces))
             key = normalise(prompt)
             if key in seen or (eval_index is not None and eval_index.overlaps(prompt)):

@@ -42,69 +42,71 @@ class Prompt:
     text: str
 
 
-def _pick(seq, g: torch.Generator):
+def pick(seq, g: torch.Generator):
+    """One element of `seq`, drawn from the seeded generator `g` (same seed, same prompts)."""
     return seq[int(torch.randint(len(seq), (1,), generator=g))]
 
 
-def _int(lo: int, hi: int, g: torch.Generator) -> int:
+def draw_int(lo: int, hi: int, g: torch.Generator) -> int:
+    """An integer in [lo, hi], both ends included, drawn from the seeded generator `g`."""
     return int(torch.randint(lo, hi + 1, (1,), generator=g))
 
 
 # --- the generators, one per category -----------------------------------------------------
 
 def _chat(g):
-    t = _pick([
+    t = pick([
         "What are some good tips for {a}?", "I'm finding {a} hard. Can you help me get started?",
         "Give me a simple weekly plan for {a}.", "What mistakes do people often make when {a}?",
         "My friend is interested in {a}. What advice would you give them?",
         "Can you suggest five small habits that help with {a}?",
         "How do I stay motivated when {a}?", "Is {a} a good idea for a beginner? Why or why not?",
     ], g)
-    return t.format(a=_pick(ACTIVITIES, g))
+    return t.format(a=pick(ACTIVITIES, g))
 
 
 def _writing(g):
-    t = _pick([
+    t = pick([
         "Write {f} about {t}.", "Write {f} about {t} in a {tone} tone.",
         "Please write {f} that mentions {t}.", "Compose {f} inspired by {t}.",
         "Write a {tone} opening paragraph for a story about {t}.",
         "Write {f} for children about {t}.", "Create a title and a short blurb for a book about {t}.",
     ], g)
-    return t.format(f=_pick(FORMS, g), t=_pick(TOPICS, g), tone=_pick(TONES, g))
+    return t.format(f=pick(FORMS, g), t=pick(TOPICS, g), tone=pick(TONES, g))
 
 
 def _explain(g):
-    kind = _int(0, 4, g)
+    kind = draw_int(0, 4, g)
     if kind == 0:
-        a, b = _pick(PAIRS, g)
-        return _pick(["What is the difference between {a} and {b}?", "How are {a} and {b} different?",
+        a, b = pick(PAIRS, g)
+        return pick(["What is the difference between {a} and {b}?", "How are {a} and {b} different?",
                       "Compare {a} and {b} in a few sentences."], g).format(a=a, b=b)
-    c = _pick(CONCEPTS, g)
-    return _pick(["Explain {c} in simple terms.", "How does {c} work?", "Explain {c} to {aud}.",
+    c = pick(CONCEPTS, g)
+    return pick(["Explain {c} in simple terms.", "How does {c} work?", "Explain {c} to {aud}.",
                   "Why is {c} important?", "Give me an everyday example of {c}.",
                   "What is {c}? Keep it short.", "Describe {c} step by step."], g
-                 ).format(c=c, aud=_pick(AUDIENCES, g))
+                 ).format(c=c, aud=pick(AUDIENCES, g))
 
 
 def _code(g, functions):
-    kind = _int(0, 3, g)
+    kind = draw_int(0, 3, g)
     if kind <= 1:
-        return _pick(["Write a {l} function that {t}.", "In {l}, how would I write code that {t}?",
+        return pick(["Write a {l} function that {t}.", "In {l}, how would I write code that {t}?",
                       "Show me a {l} program that {t}, with a short explanation.",
                       "Write a {l} function that {t} and add a few test cases."], g
-                     ).format(l=_pick(LANGUAGES_CODE, g), t=_pick(CODE_TASKS, g))
-    src = _pick(functions, g)
-    return _pick(["Explain what this Python function does:\n\n{s}",
+                     ).format(l=pick(LANGUAGES_CODE, g), t=pick(CODE_TASKS, g))
+    src = pick(functions, g)
+    return pick(["Explain what this Python function does:\n\n{s}",
                   "Add comments to this Python code:\n\n{s}",
                   "Can this function be simplified? Explain.\n\n{s}",
                   "Describe the inputs and outputs of this function:\n\n{s}"], g).format(s=src)
 
 
 def _math(g):
-    n1, n2 = _pick(NAMES, g), _pick(NAMES, g)
-    item, price = _pick(ITEMS, g)
-    a, b, c = _int(2, 40, g), _int(2, 25, g), _int(2, 9, g)
-    t = _pick([
+    n1, n2 = pick(NAMES, g), pick(NAMES, g)
+    item, price = pick(ITEMS, g)
+    a, b, c = draw_int(2, 40, g), draw_int(2, 25, g), draw_int(2, 9, g)
+    t = pick([
         "{n1} buys {a} {item} at ${p} each and pays with a ${big} note. How much change does {n1} get?",
         "{n1} has {a} {item}. {n2} gives {n1} {b} more, and then {n1} shares them equally among {c} friends. "
         "How many does each friend get, and how many are left over?",
@@ -120,23 +122,23 @@ def _math(g):
         "What is {a} percent of {b}0? Explain how you calculate it.",
     ], g)
     return t.format(n1=n1, n2=n2 if n2 != n1 else "Jo", item=item, p=price, a=a, b=b, c=c,
-                    big=int(a * price) + _int(1, 20, g))
+                    big=int(a * price) + draw_int(1, 20, g))
 
 
 def _factual(g):
-    return _pick([
+    return pick([
         "Tell me about the geography of {co}.", "What is {co} known for?", "What languages are spoken in {co}?",
         "Describe a traditional dish from {co}.", "Who was {p} and why are they remembered?",
         "What were the main achievements of {p}?", "What is {e} used for?", "Where is {e} found in nature?",
         "How do {an} communicate?", "What do {an} eat, and where do they live?",
         "Give me three interesting facts about {t}.", "What is the history of {t}?",
-    ], g).format(co=_pick(COUNTRIES, g), p=_pick(PEOPLE, g), e=_pick(ELEMENTS, g),
-                 an=_pick(ANIMALS, g), t=_pick(TOPICS, g))
+    ], g).format(co=pick(COUNTRIES, g), p=pick(PEOPLE, g), e=pick(ELEMENTS, g),
+                 an=pick(ANIMALS, g), t=pick(TOPICS, g))
 
 
 def _given_text(g, passages):
-    p = _pick(passages, g)
-    return _pick([
+    p = pick(passages, g)
+    return pick([
         "Summarise the following text in two sentences:\n\n{p}", "Give a one-line summary of this paragraph:\n\n{p}",
         "Rewrite the following paragraph in plain, simple language:\n\n{p}",
         "List the key points of this text as bullet points:\n\n{p}",
@@ -147,9 +149,9 @@ def _given_text(g, passages):
 
 
 def _translate(g):
-    s = f"{_pick(SENTENCE_SUBJECTS, g)} {_pick(SENTENCE_PREDICATES, g)}."
-    lang = _pick(HUMAN_LANGUAGES, g)
-    return _pick(["Translate into {l}: \"{s}\"", "How do you say \"{s}\" in {l}?",
+    s = f"{pick(SENTENCE_SUBJECTS, g)} {pick(SENTENCE_PREDICATES, g)}."
+    lang = pick(HUMAN_LANGUAGES, g)
+    return pick(["Translate into {l}: \"{s}\"", "How do you say \"{s}\" in {l}?",
                   "Translate the following sentence to {l} and explain any tricky words: {s}"], g
                  ).format(l=lang, s=s)
 
@@ -157,48 +159,48 @@ def _translate(g):
 # --- second generation (prompts 8,192 onwards): the mt_bench categories the head found hardest
 
 def _roleplay(g):
-    persona = _pick(PERSONAS, g)
-    task = _pick(ROLE_TASKS, g).format(a=_pick(ACTIVITIES, g), t=_pick(TOPICS, g))
-    return _pick([
+    persona = pick(PERSONAS, g)
+    task = pick(ROLE_TASKS, g).format(a=pick(ACTIVITIES, g), t=pick(TOPICS, g))
+    return pick([
         "Pretend you are {p}. {T}.", "Act as {p} and {task}.", "You are {p}. Stay in character and {task}.",
         "Imagine you are {p}. In your own voice, {task}.", "Play the role of {p}: {task}.",
         "I'd like you to speak as {p} would. Please {task}.",
         "From now on you are {p}. A visitor asks you about {t}. What do you say?",
         "Take on the persona of {p} and write a short monologue about {t}.",
-    ], g).format(p=persona, task=task, T=task[0].upper() + task[1:], t=_pick(TOPICS, g))
+    ], g).format(p=persona, task=task, T=task[0].upper() + task[1:], t=pick(TOPICS, g))
 
 
 def _synthetic_text(g) -> tuple[str, str]:
     """A short made-up document and what kind it is: reviews, people, or sales records."""
-    kind = _int(0, 2, g)
-    k = _int(3, 5, g)
+    kind = draw_int(0, 2, g)
+    k = draw_int(3, 5, g)
     if kind == 0:
         lines = []
         for i in range(k):
             # "The <product>": the product's first word (its article, or for "wireless headphones"
             # an adjective) is dropped; kept as is because shards 128+ were answered with it
-            good = _int(0, 1, g)
-            lines.append(f"Review {i + 1} ({_pick(NAMES, g)}): The {_pick(PRODUCTS, g).split(' ', 1)[-1]} "
-                         f"{_pick(PRAISES if good else FAULTS, g)}, and it {_pick(FAULTS if good else PRAISES, g)}.")
+            good = draw_int(0, 1, g)
+            lines.append(f"Review {i + 1} ({pick(NAMES, g)}): The {pick(PRODUCTS, g).split(' ', 1)[-1]} "
+                         f"{pick(PRAISES if good else FAULTS, g)}, and it {pick(FAULTS if good else PRAISES, g)}.")
         return "\n".join(lines), "reviews"
     if kind == 1:
-        lines = [f"{_pick(NAMES, g)} is a {_int(22, 68, g)}-year-old {_pick(JOBS, g)} who moved to "
-                 f"{_pick(CITIES, g)} in {_int(1990, 2023, g)}." for _ in range(k)]
+        lines = [f"{pick(NAMES, g)} is a {draw_int(22, 68, g)}-year-old {pick(JOBS, g)} who moved to "
+                 f"{pick(CITIES, g)} in {draw_int(1990, 2023, g)}." for _ in range(k)]
         return " ".join(lines), "people"
-    lines = [f"On {_int(1, 28, g)} {_pick(MONTHS, g)}, {_pick(NAMES, g)} sold {_int(2, 90, g)} {_pick(ITEMS, g)[0]} "
-             f"in {_pick(CITIES, g)} for ${_int(5, 900, g)}." for _ in range(k)]
+    lines = [f"On {draw_int(1, 28, g)} {pick(MONTHS, g)}, {pick(NAMES, g)} sold {draw_int(2, 90, g)} {pick(ITEMS, g)[0]} "
+             f"in {pick(CITIES, g)} for ${draw_int(5, 900, g)}." for _ in range(k)]
     return " ".join(lines), "sales"
 
 
 def _extraction(g, passages):
-    if _int(0, 3, g) == 0:   # structure from real prose
-        return _pick([
+    if draw_int(0, 3, g) == 0:   # structure from real prose
+        return pick([
             "Read the text below and return a JSON object with the keys \"topic\", \"keywords\" (a list of "
             "five) and \"summary\" (one sentence).\n\n{p}",
             "List every technical term in this passage with a short definition of each, as a table.\n\n{p}",
             "From the following text, extract all instructions or rules it gives, numbered.\n\n{p}",
             "Identify the main claim of this paragraph and the evidence for it. Answer in two labelled lines.\n\n{p}",
-        ], g).format(p=_pick(passages, g))
+        ], g).format(p=pick(passages, g))
     text, kind = _synthetic_text(g)
     asks = {
         "reviews": ["Rate each review from 1 (negative) to 5 (positive) and return a JSON list of numbers.",
@@ -211,11 +213,11 @@ def _extraction(g, passages):
                   "Make a markdown table of these sales and add a final row with the total revenue.",
                   "Which city had the highest total sales in dollars? Show the figures you used."],
     }[kind]
-    return f"{_pick(asks, g)}\n\n{text}"
+    return f"{pick(asks, g)}\n\n{text}"
 
 
 def _stem(g):
-    return _pick([
+    return pick([
         "Describe the process of {x} and explain why it matters.", "What are the main stages of {x}?",
         "Explain the science behind {x}, including any key equations.", "Explain {x} and give a real-world application.",
         "What would happen if {cf}? Think it through scientifically.",
@@ -223,54 +225,54 @@ def _stem(g):
         "Design a simple experiment a school could run to demonstrate {x}.",
         "Explain {x} to {aud}, then give the precise scientific version.",
         "What are the most common misunderstandings about {x}?",
-    ], g).format(x=_pick(STEM_PROCESSES, g), cf=_pick(COUNTERFACTUALS, g), m=_pick(MISCONCEPTIONS, g),
-                 q=_pick(QUANTITIES, g), aud=_pick(AUDIENCES, g))
+    ], g).format(x=pick(STEM_PROCESSES, g), cf=pick(COUNTERFACTUALS, g), m=pick(MISCONCEPTIONS, g),
+                 q=pick(QUANTITIES, g), aud=pick(AUDIENCES, g))
 
 
 def _humanities(g):
-    i1, i2 = _pick(IDEAS, g), _pick(IDEAS, g)
-    return _pick([
+    i1, i2 = pick(IDEAS, g), pick(IDEAS, g)
+    return pick([
         "Discuss the causes and consequences of {e}.", "What lessons can we learn today from {e}?",
         "How did {e} change everyday life for ordinary people?", "Explain the main ideas of {i} and one criticism of it.",
         "Present the arguments for and against {d}.", "Write a short, balanced essay on {d}.",
         "Compare {i} with {i2}.", "How did {a} influence later culture?",
         "What can {i} tell us about a modern problem such as {d}?", "Explain {i} using an example from {e}.",
         "Outline an economist's view of {d}.", "Why do historians still argue about {e}?",
-    ], g).format(e=_pick(HISTORY_EVENTS, g), i=i1, i2=i2 if i2 != i1 else "pragmatism",
-                 d=_pick(DEBATES, g), a=_pick(ARTS, g))
+    ], g).format(e=pick(HISTORY_EVENTS, g), i=i1, i2=i2 if i2 != i1 else "pragmatism",
+                 d=pick(DEBATES, g), a=pick(ARTS, g))
 
 
 def _reasoning(g):
-    kind = _int(0, 5, g)
+    kind = draw_int(0, 5, g)
     names = []
     while len(names) < 4:  # four distinct names
-        n = _pick(NAMES, g)
+        n = pick(NAMES, g)
         if n not in names:
             names.append(n)
     a, b, c, d = names
     if kind == 0:
-        more, least = _pick(ADJECTIVES, g)
+        more, least = pick(ADJECTIVES, g)
         return (f"{a} is {more} than {b}. {c} is {more} than {a}, and {b} is {more} than {d}. "
                 f"Who is the {least}, and how do you know?")
     if kind == 1:
-        x, y, z = _pick(CLASSES, g)
-        return _pick([f"All {x} are {y}. Some {y} are {z}. Does it follow that some {x} are {z}? Explain.",
+        x, y, z = pick(CLASSES, g)
+        return pick([f"All {x} are {y}. Some {y} are {z}. Does it follow that some {x} are {z}? Explain.",
                       f"If every one of the {x} is one of the {y}, and no {y} are {z}, can any {x} be {z}? Why?"], g)
     if kind == 2:
-        day, n = _pick(DAYS, g), _int(3, 400, g)
-        return _pick([f"If today is {day}, what day of the week will it be in {n} days? Show the reasoning.",
-                      f"A meeting happens every {_int(2, 9, g)} days, starting on a {day}. "
-                      f"On which day of the week is meeting number {_int(3, 12, g)}?"], g)
+        day, n = pick(DAYS, g), draw_int(3, 400, g)
+        return pick([f"If today is {day}, what day of the week will it be in {n} days? Show the reasoning.",
+                      f"A meeting happens every {draw_int(2, 9, g)} days, starting on a {day}. "
+                      f"On which day of the week is meeting number {draw_int(3, 12, g)}?"], g)
     if kind == 3:
-        start, step = _int(1, 9, g), _int(2, 7, g)
-        seq = [start + step * i for i in range(5)] if _int(0, 1, g) else [start * step ** i for i in range(5)]
+        start, step = draw_int(1, 9, g), draw_int(2, 7, g)
+        seq = [start + step * i for i in range(5)] if draw_int(0, 1, g) else [start * step ** i for i in range(5)]
         return f"What number comes next in the sequence {', '.join(map(str, seq))}? Explain the rule."
     if kind == 4:
-        r, bl = _int(2, 9, g), _int(2, 9, g)
-        return _pick([f"A bag holds {r} red and {bl} blue marbles. If you draw two without looking, what is the "
+        r, bl = draw_int(2, 9, g), draw_int(2, 9, g)
+        return pick([f"A bag holds {r} red and {bl} blue marbles. If you draw two without looking, what is the "
                       "chance that both are red?",
-                      f"{a} rolls two dice. What is the probability that the total is {_int(3, 11, g)}? Explain."], g)
-    return _pick([f"{a} is {b}'s mother and {c} is {a}'s father. How is {c} related to {b}?",
+                      f"{a} rolls two dice. What is the probability that the total is {draw_int(3, 11, g)}? Explain."], g)
+    return pick([f"{a} is {b}'s mother and {c} is {a}'s father. How is {c} related to {b}?",
                   f"{a} always tells the truth and {b} always lies. {b} says \"{a} took the last biscuit\". "
                   f"Did {a} take it? Explain.",
                   f"{a}, {b} and {c} each own a different pet: a cat, a dog or a fish. {a} is allergic to fur and "
