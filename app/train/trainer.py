@@ -70,7 +70,7 @@ class FeatureDataset:
             window = sorted(perm[w:w + 64], key=lambda k: int(self.lengths[k]))
             cur: list[int] = []
             for k in window:
-                longest = max([int(self.lengths[c]) for c in cur] + [int(self.lengths[k])])
+                longest = int(self.lengths[k])          # the window is sorted: k is the longest so far
                 rows = len(cur) + 1
                 if cur and (rows * longest > batch_tokens or rows * longest ** 2 > batch_tokens * ATTENTION_LENGTH):
                     out.append(cur)
