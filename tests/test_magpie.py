@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+import numpy as np
 import pytest
 
 from app.train.eval_overlap import EvalIndex, normalise
@@ -98,3 +99,32 @@ def test_a_training_run_takes_only_the_shards_asked_for(tmp_path):
     again = training_shards(argparse.Namespace(run_name="r", shards=None, holdout=[]), tmp_path)
     assert [p.name for p in again[1]] == ["shard_00000.safetensors", "shard_00002.safetensors",
                                           "shard_00003.safetensors", "shard_00005.safetensors"]
+
+
+def test_a_new_machine_reads_the_kept_prompts_back_from_their_ids(tmp_path, embedded_target):
+    """The prompt file of a new machine holds the template prompts only; the shards kept after
+    them (the target's own turns, then document tasks) are read back from their ids, with their
+    ids and kinds, so that the next prompts written follow them as on the first machine."""
+    from app.train.cli import run_prompts
+    from app.train.data import chat_ids
+    from app.train.documents import CATEGORY as DOCUMENTS, TASKS
+    from app.train.prompts import Prompt, build_prompts, load_prompts
+    from app.train.token_store import IdShard
+
+    tok = embedded_target.tokenizer
+    template = build_prompts(4, seed=0)
+    later = [Prompt("p000004", CATEGORY, "What is a good name for a cat that likes boxes?"),
+             Prompt("p000005", CATEGORY, "Write a haiku about rain on a tin roof."),
+             Prompt("p000006", DOCUMENTS, TASKS[0].format(doc="Bees dance.\n\nThey tell the hive where food is.")),
+             Prompt("p000007", DOCUMENTS, TASKS[2].format(doc="Rivers carve valleys over many years."))]
+    ids = tmp_path / "ids"
+    for shard, pair in ((2, later[:2]), (3, later[2:])):              # shards of two prompts
+        convs = [chat_ids(tok, p.text) + [42, 43, 2] for p in pair]
+        IdShard(tokens=np.array(sum(convs, []), dtype=np.uint16), lengths=np.array([len(c) for c in convs], np.uint32),
+                prompt_lens=np.array([len(c) - 3 for c in convs], np.uint32)).save(ids / f"shard_{shard:05d}.npz")
+    work = tmp_path / "work"
+    work.mkdir()
+    args = argparse.Namespace(num_prompts=4, shard_size=2, magpie_prompts=2, document_prompts=2, device="cpu",
+                              data_dtype="float32", base_model=None, seed=0, ids_dir=str(ids), arch="eagle3")
+    run_prompts(args, work)                 # the kept turns count: the target writes nothing more
+    assert load_prompts(work / "prompts.jsonl") == template + later

@@ -40,15 +40,15 @@ from app.engine.loading import (DEFAULT_HEAD_DIR, DEFAULT_MEDUSA_DIR, EMBEDDED_A
                                 resolve_model_source)
 from app.engine.sources import SHIPPED_HEADS
 from app.engine.precision import bf16_is_native
-from app.train.data import generate_with_features, log, shard_index, shard_name
+from app.train.data import chat_ids, generate_with_features, log, shard_index, shard_name
 from app.train.eagle3 import run_training as run_eagle3_training
 from app.train.evaluate import run_eval
 from app.train.medusa import run_medusa_training
 from app.train.options import STAGES, add_arguments, check, complete, parse_indices  # noqa: F401  (add_arguments: the CLI's entry)
 from app.train.eval_overlap import EVAL_DIR, EvalIndex, normalise
-from app.train.documents import CATEGORY as DOCUMENTS, document_prompts, kept_answers
+from app.train.documents import CATEGORY as DOCUMENTS, document_prompts, is_document_task, kept_answers
 from app.train.magpie import CATEGORY as MAGPIE, magpie_prompts
-from app.train.prompts import build_prompts, load_prompts, save_prompts
+from app.train.prompts import Prompt, build_prompts, load_prompts, save_prompts
 from app.train.heap import kept_heap
 from app.train.stage import run_training
 from app.train.token_store import IdShard, export_ids, features_from_ids, id_path, kept_shards, write_checksums
@@ -123,8 +123,49 @@ def run_prompts(args, work: Path) -> None:
         prompts = build_prompts(args.num_prompts, seed=args.seed)
         save_prompts(prompts, path)
         log(f"prompts: wrote {len(prompts)} to {path}")
+    prompts = _recover_kept(args, work, path, prompts)
     prompts = _append_magpie(args, path, prompts)
     _append_documents(args, work, path, prompts)
+
+
+def _recover_kept(args, work: Path, path: Path, prompts: list) -> list:
+    """A new machine's prompt file holds the template prompts only, but the kept ids go on past
+    them (the target's own prompts, the document tasks): read those shards' prompts back from
+    their ids and append them, so that more prompts are written after them, with the next ids,
+    as on the machine that made them."""
+    ids = ids_dir(args, work)
+    first = len(prompts) // args.shard_size
+    if len(prompts) % args.shard_size or first not in kept_shards(ids):
+        return prompts
+    tokenizer = loading.load_target(args.base_model, device="cpu", dtype="float32").tokenizer
+    recovered = kept_prompts(ids, tokenizer, first, args.shard_size)
+    with path.open("a") as f:
+        f.write("".join(json.dumps(p.__dict__) + "\n" for p in recovered))
+    log(f"prompts: {len(recovered)} prompts of shards {first}-{first + len(recovered) // args.shard_size - 1} "
+        f"read back from their kept ids ({sum(p.category == DOCUMENTS for p in recovered)} document tasks)")
+    return prompts + recovered
+
+
+def kept_prompts(ids: Path, tokenizer, first: int, shard_size: int) -> list:
+    """The user turns of the kept shards ``first``, ``first`` + 1, ... (while they are kept and
+    whole), decoded from the prompt ids between the chat template's fixed head and tail. A
+    shard holds one kind of prompt (each kind starts a shard of its own): the document tasks
+    are those whose turns match a ``documents.TASKS`` form, the others the target wrote."""
+    a, b = chat_ids(tokenizer, "a"), chat_ids(tokenizer, "b")
+    head = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)          # template tokens before the turn
+    tail = next(i for i, (x, y) in enumerate(zip(a[::-1], b[::-1])) if x != y)   # and after it
+    out = []
+    index = first
+    while (file := Path(ids) / f"{shard_name(index)}.npz").is_file():
+        shard = IdShard.load(file)
+        texts = [tokenizer.decode(conv[head:int(n) - tail].astype("int64").tolist())
+                 for conv, n in zip(shard.conversations(), shard.prompt_lens)]
+        kind = DOCUMENTS if 2 * sum(map(is_document_task, texts)) > len(texts) else MAGPIE
+        out += [Prompt(id=f"p{index * shard_size + i:06d}", category=kind, text=t) for i, t in enumerate(texts)]
+        if len(texts) < shard_size:               # a last, partial shard: nothing follows it
+            break
+        index += 1
+    return out
 
 
 def _starts_a_shard(args, path: Path, prompts: list, have: int, kind: str) -> None:

@@ -17,6 +17,7 @@ held-out answer would otherwise be in a training context, and copying it would b
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +48,13 @@ TASKS = (
     "Explain the text below to a twelve-year-old in a short paragraph.\n\n{doc}",
     "Write a one-sentence TL;DR for this:\n\n{doc}",
 )
+
+_TASK_FORMS = [re.compile(re.escape(t).replace(re.escape("{doc}"), "(.+)"), re.S) for t in TASKS]
+
+
+def is_document_task(text: str) -> bool:
+    """Whether ``text`` is one of ``TASKS`` around some document."""
+    return any(form.fullmatch(text) for form in _TASK_FORMS)
 
 
 def kept_answers(ids_dir: Path, tokenizer, eos_ids: set[int], exclude: set[int] = frozenset()) -> list[tuple[str, int]]:
