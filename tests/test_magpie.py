@@ -118,7 +118,7 @@ def test_a_new_machine_reads_the_kept_prompts_back_from_their_ids(tmp_path, embe
              Prompt("p000006", DOCUMENTS, TASKS[0].format(doc="Bees dance.\n\nThey tell the hive where food is.")),
              Prompt("p000007", DOCUMENTS, TASKS[2].format(doc="Rivers carve valleys over many years."))]
     ids = tmp_path / "ids"
-    for shard, pair in ((2, later[:2]), (3, later[2:])):              # shards of two prompts
+    for shard, pair in ((1, template[2:]), (2, later[:2]), (3, later[2:])):   # shards of two prompts
         convs = [chat_ids(tok, p.text) + [42, 43, 2] for p in pair]
         IdShard(tokens=np.array(sum(convs, []), dtype=np.uint16), lengths=np.array([len(c) for c in convs], np.uint32),
                 prompt_lens=np.array([len(c) - 3 for c in convs], np.uint32)).save(ids / f"shard_{shard:05d}.npz")
@@ -128,3 +128,7 @@ def test_a_new_machine_reads_the_kept_prompts_back_from_their_ids(tmp_path, embe
                               data_dtype="float32", base_model=None, seed=0, ids_dir=str(ids), arch="eagle3")
     run_prompts(args, work)                 # the kept turns count: the target writes nothing more
     assert load_prompts(work / "prompts.jsonl") == template + later
+    other = tmp_path / "other"              # a prompt file the kept ids do not answer: nothing read back
+    other.mkdir()
+    run_prompts(argparse.Namespace(**{**vars(args), "seed": 1, "magpie_prompts": 0, "document_prompts": 0}), other)
+    assert load_prompts(other / "prompts.jsonl") == build_prompts(4, seed=1)

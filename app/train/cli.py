@@ -135,9 +135,14 @@ def _recover_kept(args, work: Path, path: Path, prompts: list) -> list:
     as on the machine that made them."""
     ids = ids_dir(args, work)
     first = len(prompts) // args.shard_size
-    if len(prompts) % args.shard_size or first not in kept_shards(ids):
+    if first == 0 or len(prompts) % args.shard_size or first not in kept_shards(ids):
         return prompts
     tokenizer = loading.load_target(args.base_model, device="cpu", dtype="float32").tokenizer
+    last = prompts[-args.shard_size:]
+    if [p.text for p in kept_prompts(ids, tokenizer, first - 1, args.shard_size, stop=first)] != [p.text for p in last]:
+        log(f"prompts: the ids kept in {ids} do not answer this prompt file (its last shard, {first - 1}, is not "
+            "theirs): no prompt read back from them")
+        return prompts
     recovered = kept_prompts(ids, tokenizer, first, args.shard_size)
     with path.open("a") as f:
         f.write("".join(json.dumps(p.__dict__) + "\n" for p in recovered))
@@ -146,17 +151,18 @@ def _recover_kept(args, work: Path, path: Path, prompts: list) -> list:
     return prompts + recovered
 
 
-def kept_prompts(ids: Path, tokenizer, first: int, shard_size: int) -> list:
+def kept_prompts(ids: Path, tokenizer, first: int, shard_size: int, stop: int | None = None) -> list:
     """The user turns of the kept shards ``first``, ``first`` + 1, ... (while they are kept and
-    whole), decoded from the prompt ids between the chat template's fixed head and tail. A
-    shard holds one kind of prompt (each kind starts a shard of its own): the document tasks
-    are those whose turns match a ``documents.TASKS`` form, the others the target wrote."""
+    whole, and before ``stop``), decoded from the prompt ids between the chat template's fixed
+    head and tail. A shard holds one kind of prompt (each kind starts a shard of its own): the
+    document tasks are those whose turns match a ``documents.TASKS`` form, the others the
+    target wrote."""
     a, b = chat_ids(tokenizer, "a"), chat_ids(tokenizer, "b")
     head = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)          # template tokens before the turn
     tail = next(i for i, (x, y) in enumerate(zip(a[::-1], b[::-1])) if x != y)   # and after it
     out = []
     index = first
-    while (file := Path(ids) / f"{shard_name(index)}.npz").is_file():
+    while (stop is None or index < stop) and (file := Path(ids) / f"{shard_name(index)}.npz").is_file():
         shard = IdShard.load(file)
         texts = [tokenizer.decode(conv[head:int(n) - tail].astype("int64").tolist())
                  for conv, n in zip(shard.conversations(), shard.prompt_lens)]
