@@ -151,7 +151,7 @@ def _recover_kept(args, work: Path, path: Path, prompts: list) -> list:
     return prompts + recovered
 
 
-def kept_prompts(ids: Path, tokenizer, first: int, shard_size: int, stop: int | None = None) -> list:
+def kept_prompts(ids: Path, tokenizer, first: int, shard_size: int, stop: int | None = None) -> list[Prompt]:
     """The user turns of the kept shards ``first``, ``first`` + 1, ... (while they are kept and
     whole, and before ``stop``), decoded from the prompt ids between the chat template's fixed
     head and tail. A shard holds one kind of prompt (each kind starts a shard of its own): the
