@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 from filelock import FileLock, Timeout
-from transformers import AutoConfig
+from transformers import AutoConfig, AutoTokenizer
 
 from app.engine import loading
 from app.engine.device import cache_dir, choose_device
@@ -137,7 +137,7 @@ def _recover_kept(args, work: Path, path: Path, prompts: list) -> list:
     first = len(prompts) // args.shard_size
     if first == 0 or len(prompts) % args.shard_size or first not in kept_shards(ids):
         return prompts
-    tokenizer = loading.load_target(args.base_model, device="cpu", dtype="float32").tokenizer
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_source(args.base_model)[0])   # no weights needed
     last = prompts[-args.shard_size:]
     if [p.text for p in kept_prompts(ids, tokenizer, first - 1, args.shard_size, stop=first)] != [p.text for p in last]:
         log(f"prompts: the ids kept in {ids} do not answer this prompt file (its last shard, {first - 1}, is not "
