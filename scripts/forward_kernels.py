@@ -52,14 +52,14 @@ def baseline_kernels(rev: str):
     import tempfile
 
     root = Path(__file__).resolve().parents[1]
-    if rev.endswith(".c"):
-        text = Path(rev).read_text()
-    else:
-        text = subprocess.run(["git", "show", f"{rev}:app/engine/kernels/rowwise.c"], cwd=root,
-                              check=True, capture_output=True, text=True).stdout
     folder = Path(tempfile.mkdtemp(prefix="rowwise-baseline-"))
-    (folder / "rowwise.c").write_text(text)
-    return kernels.load_other(folder / "rowwise.c", folder / "rowwise.so")
+    if rev.endswith(".c"):         # a variant: built where it lies, beside the parts it includes
+        return kernels.load_other(Path(rev), folder / "rowwise.so")
+    # the revision's kernels folder (rowwise.c and the parts it includes), as they were
+    tar = subprocess.run(["git", "archive", rev, "app/engine/kernels"], cwd=root, check=True,
+                         capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=tar, check=True)
+    return kernels.load_other(folder / "app/engine/kernels/rowwise.c", folder / "rowwise.so")
 
 
 class WithKernels:

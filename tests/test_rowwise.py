@@ -661,18 +661,33 @@ def test_forward_eager_switches_the_fast_forward_off():
         load_target(None, forward="fast-please")
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_rows_bits_do_not_depend_on_how_many_rows_share_the_call(dtype):
-    """Each row of a linear over 1 to 20 rows has the bits it has alone: across register
-    blocks, and on AMX across tile heights (a step of fewer than 16 rows runs tiles of just
-    its rows; more rows fill whole tiles and a zero-padded last one). K = 576: whole tiles
-    of k-pairs, so bfloat16 takes the AMX path where the CPU has it."""
+@pytest.mark.parametrize("kind", ["native", "avx2"])
+def test_a_rows_bits_do_not_depend_on_how_many_rows_share_the_call(kind, kernel_build):
+    """Each row of a linear has the bits it has alone, whatever rows share the call, in every
+    weight format: in one register block; in two to four blocks, which go over a group
+    chunk by chunk and carry their accumulators between chunks (rowwise/linear.c); in more
+    blocks, group by group; and on AMX across tile heights (a step of fewer than 16 rows runs
+    tiles of just its rows; more rows fill whole tiles and a zero-padded last one). Built for
+    this CPU and for AVX2 (4-row blocks). K = 576: whole tiles of k-pairs, so bfloat16 takes
+    the AMX path where the CPU has it; K = 577: odd, the last k-pair half padding."""
+    import ctypes
+
+    ours = kernels.load()
+    lib = ours if kind == "native" else kernels.declare(ctypes.CDLL(str(kernel_build(kind))), kind)
+    block = lib.rowwise_block_rows_f32()
+    rows = sorted({2, 3, 5, 8, 9, 15, 16, 17, 20, block + 1, 2 * block + 1, 4 * block, 4 * block + 1})
     g = torch.Generator().manual_seed(11)
-    packed = kernels.Packed(torch.randn(100, 576, generator=g).to(dtype))
-    x = torch.randn(20, 576, generator=g)
-    alone = torch.cat([kernels.linear(x[i:i + 1], packed) for i in range(20)])
-    for m in (2, 3, 5, 8, 15, 16, 17, 20):
-        assert torch.equal(kernels.linear(x[:m], packed), alone[:m]), m
+    try:
+        kernels._lib = lib
+        for K in (576, 577):
+            x = torch.randn(rows[-1], K, generator=g)
+            w = torch.randn(100, K, generator=g)
+            for packed in (kernels.Packed(w), kernels.Packed(w.bfloat16()), kernels.Packed(w.bfloat16(), int8=True)):
+                alone = torch.cat([kernels.linear(x[i:i + 1], packed) for i in range(rows[-1])])
+                for m in rows:
+                    assert torch.equal(kernels.linear(x[:m], packed), alone[:m]), (K, packed.format, m)
+    finally:
+        kernels._lib = ours
 
 
 def test_a_linear_over_no_rows_is_empty():

@@ -40,7 +40,41 @@ static inline __attribute__((always_inline)) void block_dp(
     store_block(y, ldy, acc, mb, ncols);                /* vn is __m512 on AVX-512 */
 }
 
+/* Rows of 2 to CHUNK_BLOCKS register blocks (a tree of 9 to 16 rows) go over a group chunk
+ * by chunk: each block runs the chunk's CHUNK_BYTES of weights (from L1 after the first
+ * block has read them), keeps its accumulators in `carry` and takes them up again at the next
+ * chunk, while every block asks for its share of the next chunk, spread over its steps, into
+ * L2. Block after block over a whole group (55 KB, more than L1), the later blocks re-read it
+ * from L2 while nothing streamed from memory, and 9 rows cost 1.3x 8 (forward T(8) 12.8 ->
+ * T(9) 16.5 ms on a Zen 4 EPYC; chunked, T(9) about T(8): benchmarks/fast-forward/
+ * chunked-blocks.md). A float32 store and load are exact, so every element's chain over
+ * ascending k-pairs is the one a block over the whole group runs. AVX-512-BF16 only: the
+ * widening blocks of linear.c, whose AVX2 groups (27 KB) fit L1, measured slower so. */
+#define CHUNK_BYTES 6144                 /* 32 k-pairs of a group */
+#define CHUNK_BLOCKS 2                   /* 9-16 rows: 3-4 blocks measured no faster chunked */
+static inline __attribute__((always_inline)) void chunk_dp(
+        const uint32_t *xp, long ldxp, const uint16_t *wg, float *carry, int k0, int k1, const int mb,
+        const char *ahead, long ahead_step) {
+    __m512 acc[MB][GV];
+    for (int i = 0; i < mb; i++)
+        for (int v = 0; v < GV; v++) acc[i][v] = k0 ? _mm512_loadu_ps(carry + i * G + v * VW) : _mm512_setzero_ps();
+    for (int k = k0; k < k1; k++) {
+        __m512i wv[GV];
+        const char *p = ahead + (((long)(k - k0) * ahead_step) >> 8);   /* this step's share of the next chunk */
+        __builtin_prefetch(p, 0, 2);
+        __builtin_prefetch(p + 64, 0, 2);
+        for (int v = 0; v < GV; v++) wv[v] = _mm512_loadu_si512((const void *)(wg + ((long)k * G + v * VW) * 2));
+        for (int i = 0; i < mb; i++) {
+            __m512i xk = _mm512_set1_epi32((int)xp[i * ldxp + k]);
+            for (int v = 0; v < GV; v++) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], (__m512bh)xk, (__m512bh)wv[v]);
+        }
+    }
+    for (int i = 0; i < mb; i++)
+        for (int v = 0; v < GV; v++) _mm512_storeu_ps(carry + i * G + v * VW, acc[i][v]);
+}
+
 #define CASE_DP(R) case R: block_dp(xb, Kp, wg, yb, ldy, Kp, ncols, R, next, next_step, stream); break;
+#define CASE_CHUNK(R) case R: chunk_dp(xb, Kp, wg, carry[b], k0, k1, R, ahead, ahead_step); break;
 static void groups_dp(const uint32_t *xp, int M, const uint16_t *w, int g0, int g1, int N, int Kp,
                       float *y, long ldy) {
     int nb = (M + MB - 1) / MB;                          /* row blocks per group */
@@ -48,6 +82,28 @@ static void groups_dp(const uint32_t *xp, int M, const uint16_t *w, int g0, int 
     int stream = nb == 1 && stream_weights();            /* non-temporal weights (above) */
     long next_step = ((long)G * 2 << 8) / nb;            /* elements a k-pair, times 256 */
     long kg = (long)Kp * G * 2;                          /* elements a group */
+    if (nb > 1 && nb <= CHUNK_BLOCKS) {                  /* chunk by chunk (above) */
+        float carry[CHUNK_BLOCKS][MB * G];               /* each block's accumulators, (rows, G) */
+        const int kch = CHUNK_BYTES / (G * 4);           /* k-pairs a chunk */
+        for (int g = g0; g < g1; g++) {
+            const uint16_t *wg = w + g * kg;
+            int ncols = N - g * G < G ? N - g * G : G;
+            for (int k0 = 0; k0 < Kp; k0 += kch) {
+                int k1 = k0 + kch < Kp ? k0 + kch : Kp;
+                for (int m = 0, b = 0; m < M; m += per, b++) {
+                    const uint32_t *xb = xp + (long)m * Kp;
+                    /* block b's share of the next chunk (the next group's first, after the last) */
+                    const char *ahead = (const char *)(wg + (long)k1 * G * 2) + (long)b * CHUNK_BYTES / nb;
+                    long ahead_step = ((long)CHUNK_BYTES / nb << 8) / (k1 - k0);     /* bytes a step, x 256 */
+                    switch (M - m < per ? M - m : per) { UP_TO_MB(CASE_CHUNK) }
+                }
+            }
+            for (int m = 0, b = 0; m < M; m += per, b++)
+                for (int i = 0; i < per && m + i < M; i++)
+                    memcpy(y + (long)(m + i) * ldy + (long)g * G, carry[b] + i * G, sizeof(float) * ncols);
+        }
+        return;
+    }
     for (int g = g0; g < g1; g++) {
         const uint16_t *wg = w + g * kg;
         int ncols = N - g * G < G ? N - g * G : G;
