@@ -35,6 +35,19 @@ def test_layout_and_round_trip(tiny, tmp_path):
         assert torch.equal(v, loaded.state_dict()[k])
 
 
+def test_a_head_saved_in_bfloat16_loads_as_its_rounded_float32_weights(tiny, tmp_path):
+    """``save(dtype=torch.bfloat16)`` (``--head-dtype bfloat16``, half the bytes of a head kept
+    in git) writes bfloat16 tensors; loading gives float32 weights equal to the originals
+    rounded to bfloat16."""
+    target, head = tiny
+    head.save(tmp_path, dtype=torch.bfloat16)
+    assert {v.dtype for v in load_file(tmp_path / "model.safetensors").values()} == {torch.bfloat16}
+    loaded = load_draft_head(str(tmp_path), target)
+    for k, v in head.state_dict().items():
+        assert loaded.state_dict()[k].dtype == torch.float32
+        assert torch.equal(loaded.state_dict()[k], v.bfloat16().float()), k
+
+
 def test_pytorch_bin_with_embeddings_loads(tiny, tmp_path):
     """Published heads ship pytorch_model.bin, some with their own embed_tokens."""
     target, head = saved_head(tiny, tmp_path)

@@ -66,7 +66,7 @@ def run_training(args, work: Path, out: Path) -> dict:
         validator = lambda h: validate(h, target.model, held_out, max_batches=args.val_batches,   # noqa: E731
                                        vocab_ids=vocab_ids)
     state = train(head, target.model, data, run_dir, loss_cfg, cfg, vocab_ids=vocab_ids, validator=validator)
-    head.save(out)
+    head.save(out, dtype=getattr(torch, args.head_dtype))
     if vocab is not None:  # the engine drafts from the vocabulary the head was trained on
         (out / DRAFT_VOCAB_FILE).write_text(json.dumps(vocab) + "\n")
     val = None

@@ -100,7 +100,9 @@ class DraftHead(nn.Module):
 
     # --- checkpoint I/O in the official layout ---------------------------------------------
 
-    def save(self, folder: str | Path) -> None:
+    def save(self, folder: str | Path, dtype: torch.dtype | None = None) -> None:
+        """Write the checkpoint in the official layout; ``dtype`` casts the weights (bfloat16
+        halves a shipped head's bytes; the loader casts them back to float32)."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         config = config_for_disk(self.config)
@@ -108,6 +110,8 @@ class DraftHead(nn.Module):
         config["bias"] = bool(getattr(self.config, "bias", True))
         (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}   # from any device
+        if dtype is not None:
+            state = {k: v.to(dtype) for k, v in state.items()}
         save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
     @classmethod
