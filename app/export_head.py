@@ -48,7 +48,7 @@ def export(head: str | None, fmt: str, out: str | None = None, verifier: str | N
     KeyError or FileNotFoundError with a one-line message."""
     # lazy: the heads import torch, which `export-head --help` never needs
     from app.engine.heads import load_head, speculators as sf
-    from app.engine.heads.checkpoint import read_config
+    from app.engine.heads.checkpoint import read_config, read_state_dict
 
     if fmt not in FORMATS:
         raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
@@ -71,7 +71,10 @@ def export(head: str | None, fmt: str, out: str | None = None, verifier: str | N
         raise ValueError(f"--out {dst} is the head's own folder")
     if dst.exists() and (not dst.is_dir() or (any(dst.iterdir()) and not force)):
         raise ValueError(f"--out {dst} exists and is not an empty folder (--force writes into it)")
-    return sf.save(loaded, dst, fmt, verifier=verifier, layer_ids=ids, source=src)
+    # written in the source's own weight dtype (a bfloat16 head stays half the bytes, and
+    # exported back it is its original file), whatever dtype the head was loaded in
+    dtype = next((v.dtype for v in read_state_dict(src).values() if v.is_floating_point()), None)
+    return sf.save(loaded, dst, fmt, verifier=verifier, layer_ids=ids, source=src, dtype=dtype)
 
 
 def main(args) -> int:
