@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import LlamaConfig
 
@@ -84,6 +84,18 @@ def is_eagle3(config: dict, state: dict) -> bool:
     vocabulary maps or the two-input decoder layer ``midlayer``."""
     named = any("eagle3" in str(a).lower() for a in config.get("architectures") or [])
     return named or "d2t" in state or "t2d" in state or any(k.startswith("midlayer.") for k in state)
+
+
+def write_checkpoint(folder: Path, config: dict, state: dict[str, torch.Tensor],
+                     dtype: torch.dtype | None = None) -> None:
+    """Write ``config.json`` and ``model.safetensors`` into ``folder`` (made if missing);
+    ``dtype`` casts the floating-point weights (bfloat16 halves a shipped head's bytes;
+    integer and bool tables such as EAGLE-3's d2t / t2d keep their types)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    if dtype is not None:
+        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
 def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:

@@ -23,17 +23,15 @@ name (``checkpoint.is_eagle3``). ``head_config_for`` and ``DraftHead.embed`` are
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 from torch import nn
-from safetensors.torch import save_file
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
 from app.engine.heads.checkpoint import check_keys, config_for_disk, config_from_disk, is_eagle3, read_config, \
-    read_state_dict
+    read_state_dict, write_checkpoint
 
 # Buffers that some published heads saved although they are derived from the config; they
 # are recomputed here, so a checkpoint may carry them. Anything else unexpected is an error.
@@ -103,16 +101,11 @@ class DraftHead(nn.Module):
     def save(self, folder: str | Path, dtype: torch.dtype | None = None) -> None:
         """Write the checkpoint in the official layout; ``dtype`` casts the weights (bfloat16
         halves a shipped head's bytes; the loader casts them back to float32)."""
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
         config = config_for_disk(self.config)
         config["num_hidden_layers"] = 1
         config["bias"] = bool(getattr(self.config, "bias", True))
-        (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}   # from any device
-        if dtype is not None:
-            state = {k: v.to(dtype) for k, v in state.items()}
-        save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        write_checkpoint(Path(folder), config, state, dtype)
 
     @classmethod
     def load(cls, folder: str | Path, dtype: torch.dtype = torch.float32,

@@ -28,17 +28,15 @@ Checkpoint layout (that of the published EAGLE-3 heads, so they load unchanged):
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 from torch import nn
-from safetensors.torch import save_file
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import (LlamaAttention, LlamaMLP, LlamaRMSNorm,
                                                       LlamaRotaryEmbedding)
 
-from app.engine.heads.checkpoint import check_keys, config_for_disk, config_from_disk
+from app.engine.heads.checkpoint import check_keys, config_for_disk, config_from_disk, write_checkpoint
 from app.engine.heads.eagle import DraftHead, head_config_for
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -157,18 +155,13 @@ class Eagle3Head(nn.Module):
     def save(self, folder: str | Path, dtype: torch.dtype | None = None) -> None:
         """Write the checkpoint; ``dtype`` casts the weights (bf16 halves a shipped head's bytes;
         d2t / t2d keep their integer and bool types)."""
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
         config = config_for_disk(self.config)
         config.pop("bias", None)
         config["architectures"] = [ARCHITECTURE]
         config["draft_vocab_size"] = int(self.config.draft_vocab_size)
         config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(self.target_layers)}
-        (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
-        if dtype is not None:
-            state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
-        save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        write_checkpoint(Path(folder), config, state, dtype)
 
     @classmethod
     def from_checkpoint(cls, folder: Path, raw: dict, state: dict[str, torch.Tensor],

@@ -44,9 +44,8 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
-from app.engine.heads.checkpoint import config_for_disk
+from app.engine.heads.checkpoint import config_for_disk, write_checkpoint
 
 SPECULATORS_VERSION = "0.9.0"   # the library release whose config classes this layout follows
 SUPPORTED = ("eagle", "eagle3")
@@ -179,14 +178,6 @@ def speculators_state(head) -> dict[str, torch.Tensor]:
     return _rename(state, _RENAMES["eagle3" if eagle3 else "eagle"])
 
 
-def _write(folder: Path, config: dict, state: dict[str, torch.Tensor], dtype: torch.dtype | None = None) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    if dtype is not None:                 # the weights' dtype on disk (integer tables stay as they are)
-        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
-    (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
-
-
 def save(head, folder: str | Path, fmt: str, *, verifier: str | None = None,
          layer_ids: list[int] | None = None, source: str | Path | None = None,
          dtype: torch.dtype | None = None) -> Path:
@@ -196,7 +187,7 @@ def save(head, folder: str | Path, fmt: str, *, verifier: str | None = None,
     ``dtype``: the weights' dtype on disk (None: as loaded), e.g. the source's bfloat16."""
     folder = Path(folder)
     if fmt == "speculators":
-        _write(folder, speculators_config(head, verifier, layer_ids), speculators_state(head), dtype)
+        write_checkpoint(folder, speculators_config(head, verifier, layer_ids), speculators_state(head), dtype)
     elif fmt == "eagle":
         config = config_for_disk(head.config)
         config["num_hidden_layers"] = 1
@@ -209,7 +200,8 @@ def save(head, folder: str | Path, fmt: str, *, verifier: str | None = None,
         else:
             config["bias"] = bool(getattr(head.config, "bias", True))
             config["architectures"] = ["LlamaForCausalLM"]
-        _write(folder, config, {k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()}, dtype)
+        write_checkpoint(folder, config, {k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()},
+                         dtype)
     else:
         raise ValueError(f"format must be speculators or eagle, got {fmt!r}")
     vocab = Path(source) / "draft_vocab.json" if source is not None else None

@@ -21,6 +21,18 @@ static inline uint16_t f32_to_bf16(float f) {           /* round to nearest even
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
+/* k-pair k of a block (as BLOCK_STEP in linear.c): GV weight vectors loaded once, each row's
+ * pair of x broadcast, one VDPBF16PS into each of its GV accumulators. */
+#define DP_STEP(k)                                                                            \
+    {                                                                                         \
+        __m512i wv[GV];                                                                       \
+        for (int v = 0; v < GV; v++) wv[v] = _mm512_loadu_si512((const void *)(wg + ((long)(k) * G + v * VW) * 2)); \
+        for (int i = 0; i < mb; i++) {                                                        \
+            __m512i xk = _mm512_set1_epi32((int)xp[i * ldxp + (k)]);                          \
+            for (int v = 0; v < GV; v++) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], (__m512bh)xk, (__m512bh)wv[v]); \
+        }                                                                                     \
+    }
+
 static inline __attribute__((always_inline)) void block_dp(
         const uint32_t *xp, long ldxp, const uint16_t *wg, float *y, long ldy, int Kp, int ncols,
         const int mb, const uint16_t *next, long next_step, int stream) {
@@ -28,14 +40,9 @@ static inline __attribute__((always_inline)) void block_dp(
     for (int i = 0; i < mb; i++)
         for (int v = 0; v < GV; v++) acc[i][v] = _mm512_setzero_ps();
     for (int k = 0; k < Kp; k++) {
-        __m512i wv[GV];
         PREFETCH_STEP(wg + (long)k * G * 2, 2 * G * 2, stream);
         PREFETCH_NEXT(k);
-        for (int v = 0; v < GV; v++) wv[v] = _mm512_loadu_si512((const void *)(wg + ((long)k * G + v * VW) * 2));
-        for (int i = 0; i < mb; i++) {
-            __m512i xk = _mm512_set1_epi32((int)xp[i * ldxp + k]);
-            for (int v = 0; v < GV; v++) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], (__m512bh)xk, (__m512bh)wv[v]);
-        }
+        DP_STEP(k)
     }
     store_block(y, ldy, acc, mb, ncols);                /* vn is __m512 on AVX-512 */
 }
@@ -59,15 +66,10 @@ static inline __attribute__((always_inline)) void chunk_dp(
     for (int i = 0; i < mb; i++)
         for (int v = 0; v < GV; v++) acc[i][v] = k0 ? _mm512_loadu_ps(carry + i * G + v * VW) : _mm512_setzero_ps();
     for (int k = k0; k < k1; k++) {
-        __m512i wv[GV];
         const char *p = ahead + (((long)(k - k0) * ahead_step) >> 8);   /* this step's share of the next chunk */
         __builtin_prefetch(p, 0, 2);
         __builtin_prefetch(p + 64, 0, 2);
-        for (int v = 0; v < GV; v++) wv[v] = _mm512_loadu_si512((const void *)(wg + ((long)k * G + v * VW) * 2));
-        for (int i = 0; i < mb; i++) {
-            __m512i xk = _mm512_set1_epi32((int)xp[i * ldxp + k]);
-            for (int v = 0; v < GV; v++) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], (__m512bh)xk, (__m512bh)wv[v]);
-        }
+        DP_STEP(k)
     }
     for (int i = 0; i < mb; i++)
         for (int v = 0; v < GV; v++) _mm512_storeu_ps(carry + i * G + v * VW, acc[i][v]);
