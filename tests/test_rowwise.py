@@ -543,6 +543,33 @@ def test_a_heads_attention_does_not_depend_on_the_heads_that_share_its_pass(head
     torch.testing.assert_close(together, ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("masked", [False, True])
+def test_a_rows_attention_does_not_depend_on_the_rows_that_share_its_pass(masked, threads):
+    """On AVX-512 two rows' query heads share a pass over the keys (rowwise_attention_rows);
+    a pass runs over the keys its most-seeing row may see, and the other row's extra keys must
+    get probability exactly 0. Each row's bits must be those of the row computed alone, over
+    exactly its keys (causal) or under its mask row, for odd and even row counts."""
+    g = torch.Generator().manual_seed(3)
+    n, L, d = 7, 70, 64
+    q = torch.randn(n, 9, d, generator=g)
+    k, v = torch.randn(3, L, d, generator=g), torch.randn(3, L, d, generator=g)
+    mask = torch.rand(n, L, generator=g) > 0.4 if masked else None
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        together = kernels.attention(q, k, v, mask, 0.125)
+        for i in range(n):
+            if masked:
+                alone = kernels.attention(q[i:i + 1], k, v, mask[i:i + 1], 0.125)
+            else:
+                keys = L - n + i + 1
+                alone = kernels.attention(q[i:i + 1], k[:, :keys].contiguous(), v[:, :keys].contiguous(), None, 0.125)
+            assert torch.equal(together[i:i + 1], alone), f"row {i}"
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_greedy_eagle_equals_vanilla_on_the_fast_forward(dtype):

@@ -289,12 +289,12 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: t
     n, Hq, d = q.shape
     Hkv, L, _ = keys.shape
     assert keys.stride() == values.stride() and keys.stride()[1:] == (d, 1) and q.stride(-1) == 1
-    threads = torch.get_num_threads()
+    threads, lib = torch.get_num_threads(), _lib or load()
     out = torch.empty(n, Hq * d, dtype=torch.float32, device="cpu")
-    scratch = torch.empty(threads, Hq // Hkv, L + 16, dtype=torch.float32, device="cpu")
+    scratch = torch.empty(threads, lib.rowwise_attention_rows() * Hq // Hkv, L + 16, dtype=torch.float32, device="cpu")
     if mask is not None and (mask.dtype != torch.uint8 or not mask.is_contiguous()):
         mask = mask.to(torch.uint8).contiguous()
-    (_lib or load()).rowwise_attention(q.data_ptr(), q.stride(0), q.stride(1), keys.data_ptr(), values.data_ptr(),
+    lib.rowwise_attention(q.data_ptr(), q.stride(0), q.stride(1), keys.data_ptr(), values.data_ptr(),
                            keys.stride(0), n, Hq, Hkv, d, L, mask.data_ptr() if mask is not None else None,
                            float(scale), out.data_ptr(), Hq * d, scratch.data_ptr(), threads, None, 0, None)
     return out

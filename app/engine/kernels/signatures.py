@@ -50,6 +50,10 @@ def declare(lib, kind: str):
         lib.rowwise_block_rows.restype = ctypes.c_int
     except AttributeError:      # a build of an older source (--baseline): its fixed block height
         lib.rowwise_block_rows = lambda: 12 if kind.startswith("avx512") else 6
+    try:
+        lib.rowwise_attention_rows.restype = ctypes.c_int
+    except AttributeError:      # an older build: one row a pass
+        lib.rowwise_attention_rows = lambda: 1
     lib.rowwise_rmsnorm.restype = lib.rowwise_silu_mul.restype = None
     lib.rowwise_rmsnorm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
                                     ctypes.c_float, ctypes.c_void_p]

@@ -56,7 +56,7 @@ static void decoder_stack(float *x, int n, const struct rowwise_layer *layer, in
      * a product to add (n, H), gate_up (n, 2I), silu * up (n, I), attention scratch,
      * EAGLE-3's normed embeddings (n, H) */
     size_t sizes[8] = {(size_t)n * Nqkv, (size_t)n * Hq * d, (size_t)n * H * (emb ? 2 : 1), (size_t)n * H,
-                       (size_t)n * 2 * I, (size_t)n * I, (size_t)threads * group * (L + 16),
+                       (size_t)n * 2 * I, (size_t)n * I, (size_t)threads * ATT_ROWS * group * (L + 16),
                        emb ? (size_t)n * H : 0};
     size_t total = 0;
     for (int s = 0; s < 8; s++) total += sizes[s];
