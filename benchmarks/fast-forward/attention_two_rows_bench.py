@@ -27,7 +27,7 @@ for rep in range(15):
         q = torch.randn(n, Hq, d)
         mask = (torch.rand(n, L) > 0.2).to(torch.uint8); mask[:, 0] = 1
         out = torch.empty(n, Hq * d)
-        scr = torch.empty(threads, 2 * Hq // Hkv, L + 16)
+        scr = torch.empty(threads, max(lib.rowwise_attention_rows() for lib in libs.values()) * Hq // Hkv, L + 16)
         for name, lib in libs.items():
             valid = [ctypes.c_int(0) for _ in range(layers)]
             # bring the transposed copies up to date first (not timed)

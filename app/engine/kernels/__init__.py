@@ -291,12 +291,13 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: t
     assert keys.stride() == values.stride() and keys.stride()[1:] == (d, 1) and q.stride(-1) == 1
     threads, lib = torch.get_num_threads(), _lib or load()
     out = torch.empty(n, Hq * d, dtype=torch.float32, device="cpu")
-    scratch = torch.empty(threads, lib.rowwise_attention_rows() * Hq // Hkv, L + 16, dtype=torch.float32, device="cpu")
+    scratch = torch.empty(threads, lib.rowwise_attention_rows() * Hq // Hkv, L + 16,    # (threads, rows a pass x group, L + 16)
+                          dtype=torch.float32, device="cpu")
     if mask is not None and (mask.dtype != torch.uint8 or not mask.is_contiguous()):
         mask = mask.to(torch.uint8).contiguous()
     lib.rowwise_attention(q.data_ptr(), q.stride(0), q.stride(1), keys.data_ptr(), values.data_ptr(),
-                           keys.stride(0), n, Hq, Hkv, d, L, mask.data_ptr() if mask is not None else None,
-                           float(scale), out.data_ptr(), Hq * d, scratch.data_ptr(), threads, None, 0, None)
+                          keys.stride(0), n, Hq, Hkv, d, L, mask.data_ptr() if mask is not None else None,
+                          float(scale), out.data_ptr(), Hq * d, scratch.data_ptr(), threads, None, 0, None)
     return out
 
 
